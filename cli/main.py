@@ -1,0 +1,175 @@
+"""The ``pollama`` command line. Presentation only: everything else is ``runner``."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from typing import List, Optional
+
+import typer
+
+import runner
+from runner import config, store
+from runner.api import Options, PollamaError, Request, coerce_option
+
+from . import render
+from .chat import Session, repl, stream_response
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="Large language model runner: ollama run, rebuilt in Python.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+_MODEL_NAME = re.compile(r"^[\w][\w.\-]*(/[\w][\w.\-]*)*(:[\w][\w.\-]*)?$")
+
+
+def _setup_logging(cfg: config.Config) -> None:
+    level = logging.DEBUG if cfg.debug else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if cfg.debug < 2:
+        logging.getLogger("llama.cpp").setLevel(logging.WARNING)
+
+
+def _fail(message: str, code: int = 1) -> "typer.Exit":
+    render.error(message)
+    return typer.Exit(code)
+
+
+def _parse_options(pairs: list[str]) -> dict:
+    values: dict = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise _fail(f"invalid option {pair!r}: use NAME=VALUE")
+        try:
+            value = coerce_option(name, raw)
+        except PollamaError as err:
+            raise _fail(str(err))
+        if name == "stop":
+            values.setdefault("stop", []).extend(value)
+        else:
+            values[name] = value
+    return values
+
+
+def _split_model_and_prompt(args: list[str], cfg: config.Config) -> tuple[str | None, list[str]]:
+    """``run [MODEL] [PROMPT...]``: the first word is the model when it can name one.
+
+    A first word that resolves to a model (the default's name, a .gguf path, a store name) or
+    looks like a model name is the model; anything else (it has spaces, say) starts the prompt
+    and the default model runs.
+    """
+    if not args:
+        return None, []
+    first = args[0]
+    if first == "":
+        return None, args[1:]
+    if store.is_default_name(first) or store.looks_like_path(first) or _MODEL_NAME.match(first):
+        return first, args[1:]
+    return None, args
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def run(
+    args: Optional[List[str]] = typer.Argument(None, metavar="[MODEL] [PROMPT]...",
+                                               help="Model (default smollm2:135m) and prompt"),
+    verbose: bool = typer.Option(False, "--verbose", help="Show timings for the response"),
+    nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Don't wrap words to the next line automatically"),
+    format: Optional[str] = typer.Option(None, "--format", help='Response format (e.g. "json")'),
+    option: List[str] = typer.Option([], "--option", "-o", metavar="NAME=VALUE",
+                                     help="Model option, e.g. -o num_ctx=8192 -o temperature=0 (repeatable)"),
+) -> None:
+    """Run a model: a chat REPL on a terminal, or a one-shot answer to PROMPT (or piped stdin)."""
+    cfg = config.load()
+    _setup_logging(cfg)
+    if format not in (None, "", "json"):
+        raise _fail(f'invalid format "{format}": only "json" is supported')
+    model, words = _split_model_and_prompt(list(args or []), cfg)
+    user_options = _parse_options(option)
+    options = Options().merged(user_options)
+    prompts = list(words)
+    interactive = True
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        prompts = [piped] + prompts if piped else prompts
+        interactive = False
+    if prompts:
+        interactive = False
+    if not sys.stdout.isatty():
+        interactive = False
+    if cfg.new_engine:
+        pass  # runner.load prints the notice when the new engine cannot run the model
+    try:
+        with render.Spinner(enabled=interactive or None):
+            loaded = runner.load(model, options, cfg)
+    except PollamaError as err:
+        raise _fail(str(err))
+    try:
+        if interactive:
+            session = Session(model=model, runner=loaded, options=user_options, verbose=verbose,
+                              wordwrap=not nowordwrap, format=format or None)
+            repl(session, nohistory=cfg.nohistory)
+            loaded = session.runner
+            return
+        text = " ".join(prompts)
+        if not text.strip():
+            return  # nothing to say: the model was loaded (Ollama's preload), done
+        request = Request(prompt=text, options=options, format=format or None)
+        writer = render.StreamWriter(wordwrap=not nowordwrap)
+        _, final = stream_response(loaded.generate(request), writer)
+        if verbose and final is not None and final.metrics is not None:
+            final.metrics.load_duration = loaded.load_duration
+            render.print_metrics(final.metrics, loaded.engine)
+    except PollamaError as err:
+        raise _fail(str(err))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
+    finally:
+        loaded.close()
+
+
+@app.command("list")
+def list_models(prefix: Optional[str] = typer.Argument(None, help="Only models whose name starts with this")) -> None:
+    """List models: the default model and those in the model store (OLLAMA_MODELS)."""
+    from .tables import list_table
+
+    cfg = config.load()
+    rows = []
+    try:
+        default = store.resolve(None, cfg)
+        rows.append(default)
+    except PollamaError:
+        pass
+    rows.extend(store.list_models(cfg))
+    if prefix:
+        rows = [m for m in rows if m.name.startswith(prefix)]
+    print(list_table(rows))
+
+
+@app.command()
+def show(
+    model: str = typer.Argument(..., help="Model name or .gguf path"),
+    template: bool = typer.Option(False, "--template", help="Show the chat template"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show all metadata"),
+) -> None:
+    """Show information about a model (read from its GGUF; no server needed)."""
+    from .tables import show_text
+
+    cfg = config.load()
+    try:
+        stored = store.resolve(model, cfg)
+        info = runner.model_info(stored)
+    except PollamaError as err:
+        raise _fail(str(err))
+    if template:
+        print(info.chat_template or "")
+        return
+    print(show_text(info, verbose))
+
+
+def main() -> None:  # pragma: no cover - console entry point alias
+    app()

@@ -1,0 +1,156 @@
+"""Presentation: the spinner until the first token, streamed text with word wrap, --verbose metrics."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import TextIO
+
+from rich.console import Console
+
+from runner.api import Metrics
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def error(message: str) -> None:
+    """One line on stderr, Ollama's style."""
+    stderr.print(f"Error: {message}", style="red" if stderr.is_terminal else None, markup=False)
+
+
+class Spinner:
+    """Ollama's braille spinner on stderr (only on a terminal), gone at the first token."""
+
+    def __init__(self, enabled: bool | None = None) -> None:
+        self.enabled = stderr.is_terminal if enabled is None else enabled
+        self._status = None
+
+    def start(self) -> "Spinner":
+        if self.enabled and self._status is None:
+            self._status = stderr.status("", spinner="dots", spinner_style="default")
+            self._status.start()
+        return self
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def __enter__(self) -> "Spinner":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class StreamWriter:
+    """Writes streamed text; on a terminal with word wrap on, breaks lines at ``width - 5``.
+
+    A word that would cross the margin is moved to the next line as Ollama does: the cursor goes
+    back over the part already printed, clears it, and reprints the word after a newline.
+    """
+
+    def __init__(self, out: TextIO | None = None, wordwrap: bool = True) -> None:
+        self.out = out or sys.stdout
+        is_tty = getattr(self.out, "isatty", lambda: False)()
+        self.wrap = wordwrap and is_tty
+        self.width = max(shutil.get_terminal_size((80, 24)).columns - 5, 10)
+        self.col = 0
+        self.word = ""
+        self.wrote_any = False
+        self.last_char = ""
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        self.wrote_any = True
+        self.last_char = text[-1]
+        if not self.wrap:
+            self.out.write(text)
+            self.out.flush()
+            return
+        buf = []
+        for ch in text:
+            if ch == "\n":
+                buf.append(ch)
+                self.col, self.word = 0, ""
+                continue
+            if ch.isspace():
+                if self.col >= self.width:
+                    buf.append("\n")
+                    self.col, self.word = 0, ""
+                    continue
+                buf.append(ch)
+                self.col += 1
+                self.word = ""
+                continue
+            if self.col >= self.width:
+                if self.word and len(self.word) < self.width:
+                    buf.append(f"\x1b[{len(self.word)}D\x1b[K\n{self.word}")
+                    self.col = len(self.word)
+                else:
+                    buf.append("\n")
+                    self.col, self.word = 0, ""
+            buf.append(ch)
+            self.word += ch
+            self.col += 1
+        self.out.write("".join(buf))
+        self.out.flush()
+
+    def end(self) -> None:
+        """Finish a response: Ollama prints two newlines after it."""
+        if self.wrote_any:
+            self.out.write("\n" if self.last_char == "\n" else "\n\n")
+        self.out.flush()
+        self.col, self.word, self.wrote_any, self.last_char = 0, "", False, ""
+
+
+def go_duration(ns: int) -> str:
+    """Go's time.Duration.String(): 1.234567s, 12.345ms, 250µs, 2m3.5s."""
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_trim(ns / 1_000)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{_trim(ns / 1_000_000)}ms"
+    seconds = ns / 1e9
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = sign
+    if hours:
+        out += f"{int(hours)}h"
+    if hours or minutes:
+        out += f"{int(minutes)}m"
+    return out + f"{_trim(secs)}s"
+
+
+def _trim(value: float) -> str:
+    text = f"{value:.9f}".rstrip("0").rstrip(".")
+    whole, _, frac = text.partition(".")
+    return whole + ("." + frac[:6] if frac else "")
+
+
+def metrics_block(m: Metrics, engine: str) -> str:
+    lines = [
+        f"total duration:       {go_duration(m.total_duration)}",
+        f"load duration:        {go_duration(m.load_duration)}",
+        f"prompt eval count:    {m.prompt_eval_count} token(s)",
+        f"prompt cache:         {m.prompt_cached_count} token(s)",
+    ]
+    if m.prompt_eval_duration > 0:
+        lines.append(f"prompt eval duration: {go_duration(m.prompt_eval_duration)}")
+        lines.append(f"prompt eval rate:     {m.prompt_eval_count / (m.prompt_eval_duration / 1e9):.2f} tokens/s")
+    lines.append(f"eval count:           {m.eval_count} token(s)")
+    if m.eval_duration > 0:
+        lines.append(f"eval duration:        {go_duration(m.eval_duration)}")
+        lines.append(f"eval rate:            {m.eval_count / (m.eval_duration / 1e9):.2f} tokens/s")
+    lines.append(f"engine:               {engine}")
+    return "\n".join(lines)
+
+
+def print_metrics(m: Metrics, engine: str) -> None:
+    stderr.print(metrics_block(m, engine), markup=False)

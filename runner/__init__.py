@@ -1,0 +1,121 @@
+"""``runner.load(model, options) -> Runner``: resolve the model, pick the engine, start its loop.
+
+``OLLAMA_NEW_ENGINE`` picks the engine. The new engine (our model code over GGML) runs the
+architectures it implements; any other model, or a set flag while the new engine cannot load it,
+gets one notice line (logged as a warning) and the old engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from . import config as _config
+from . import store
+from .api import (
+    Chunk,
+    DoneReason,
+    InvalidModel,
+    InvalidRequest,
+    LoadError,
+    Message,
+    Metrics,
+    ModelInfo,
+    ModelNotFound,
+    Options,
+    PollamaError,
+    PromptTooLong,
+    Request,
+    Runner,
+    ServerBusy,
+)
+
+__all__ = [
+    "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "Message", "Metrics",
+    "ModelInfo", "ModelNotFound", "Options", "PollamaError", "PromptTooLong", "Request", "Runner",
+    "ServerBusy", "load", "model_info", "resolve_load_options",
+]
+
+log = logging.getLogger(__name__)
+
+_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
+}
+
+
+def model_info(stored: store.StoredModel) -> ModelInfo:
+    """Read what a GGUF says about itself (fast: arrays are skipped). Raises InvalidModel."""
+    header = store.read_gguf_header(stored.path)
+    params = 0
+    basename = header.get("general.size_label")
+    return ModelInfo(
+        name=stored.name,
+        path=str(stored.path),
+        architecture=header.architecture,
+        size=stored.size,
+        context_length=int(header.arch_value("context_length", 0) or 0),
+        embedding_length=int(header.arch_value("embedding_length", 0) or 0),
+        parameter_count=params,
+        quantization=_FILE_TYPES.get(int(header.get("general.file_type", -1)), "unknown"),
+        chat_template=header.get("tokenizer.chat_template"),
+        metadata={**header.metadata, "general.size_label": basename},
+    )
+
+
+def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config) -> tuple[int, int, int]:
+    """(num_ctx, num_batch, num_thread) after defaults and Ollama's clamps."""
+    from .llamarunner.runner import default_threads
+
+    num_ctx = options.num_ctx or cfg.context_length
+    if info.context_length > 0:
+        num_ctx = min(num_ctx, info.context_length)
+    num_ctx = max(num_ctx, 4)
+    num_batch = max(1, min(options.num_batch, num_ctx))
+    num_thread = options.num_thread if options.num_thread > 0 else default_threads()
+    return num_ctx, num_batch, num_thread
+
+
+def load(model: str | None = None, options: Options | None = None, cfg: _config.Config | None = None,
+         num_parallel: int | None = None) -> Runner:
+    """Load ``model`` (a store name, a .gguf path, or None for the default) and start its runner."""
+    t0 = time.perf_counter_ns()
+    cfg = cfg or _config.load()
+    options = options or Options()
+    stored = store.resolve(model, cfg)
+    info = model_info(stored)
+    parallel = max(1, num_parallel if num_parallel is not None else cfg.num_parallel)
+    num_ctx, num_batch, num_thread = resolve_load_options(info, options, cfg)
+    runner = None
+    if cfg.new_engine:
+        runner = _load_new(info, num_ctx, parallel, num_batch, num_thread, cfg)
+    if runner is None:
+        from .llamarunner.runner import LlamaRunner
+
+        runner = LlamaRunner(
+            info,
+            num_ctx=num_ctx,
+            num_parallel=parallel,
+            num_batch=num_batch,
+            num_thread=num_thread,
+            multi_user=cfg.multiuser_cache,
+            flash_attention=cfg.flash_attention,
+            kv_cache_type=cfg.kv_cache_type,
+            use_mmap=options.use_mmap if options.use_mmap is not None else True,
+        )
+    runner.load_duration = time.perf_counter_ns() - t0
+    runner.start()
+    return runner
+
+
+def _load_new(info: ModelInfo, num_ctx: int, parallel: int, num_batch: int, num_thread: int,
+              cfg: _config.Config) -> Runner | None:
+    try:
+        from .ollamarunner import load_runner  # noqa: F401  (present once the new engine lands)
+    except ImportError:
+        log.warning("OLLAMA_NEW_ENGINE is set but the new engine is not available yet; using the old engine")
+        return None
+    return load_runner(info, num_ctx=num_ctx, num_parallel=parallel, num_batch=num_batch,
+                       num_thread=num_thread, cfg=cfg)

@@ -1,0 +1,266 @@
+"""The runner contract: what the CLI and the server see of an engine.
+
+Both engines (``runner.llamarunner`` over llama.cpp, ``runner.ollamarunner`` over our own GGML
+model code) implement :class:`Runner`. Everything here is plain data: requests go in, a stream of
+:class:`Chunk` comes out, and errors are :class:`PollamaError` subclasses carrying a one-line
+message and the HTTP status the server answers with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Protocol
+
+
+# --------------------------------------------------------------------------------------- errors
+class PollamaError(Exception):
+    """A failure a user can act on: ``str(err)`` is one line, ``status`` the HTTP status."""
+
+    status = 500
+
+
+class ModelNotFound(PollamaError):
+    status = 404
+
+
+class InvalidModel(PollamaError):
+    """The file exists but cannot be used: not a GGUF, truncated, or an unsupported architecture."""
+
+    status = 400
+
+
+class InvalidRequest(PollamaError):
+    """Bad input: an unknown option, a value of the wrong type, an empty prompt where one is needed."""
+
+    status = 400
+
+
+class PromptTooLong(InvalidRequest):
+    """The prompt does not fit in the context and truncation is off."""
+
+
+class ServerBusy(PollamaError):
+    status = 503
+
+
+class LoadError(PollamaError):
+    """The model could not be loaded (memory, backend failure)."""
+
+    status = 500
+
+
+# -------------------------------------------------------------------------------------- options
+class DoneReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CONNECTION_CLOSED = "connection_closed"
+    LOAD = "load"
+    UNLOAD = "unload"
+
+
+# Options that change how the model is loaded: a request that changes one of them reloads it.
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap")
+
+
+@dataclass
+class Options:
+    """Ollama's options with Ollama's defaults (reference §5.3, PRE values).
+
+    ``num_ctx`` 0 means "the configured default" (``OLLAMA_CONTEXT_LENGTH``, else 4096), clamped to
+    the model's trained context at load.
+    """
+
+    # predict options
+    num_keep: int = 4
+    seed: int = -1
+    num_predict: int = -1
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repeat_last_n: int = 64
+    temperature: float = 0.8
+    repeat_penalty: float = 1.1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    # runner (load-time) options
+    num_ctx: int = 0
+    num_batch: int = 512
+    num_thread: int = 0
+    num_gpu: int = -1
+    main_gpu: int = 0
+    use_mmap: bool | None = None
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def merged(self, values: Mapping[str, Any] | None) -> "Options":
+        """A copy with ``values`` applied. Unknown names and uncoercible values raise InvalidRequest."""
+        out = dataclasses.replace(self, stop=list(self.stop))
+        for name, raw in (values or {}).items():
+            setattr(out, name, coerce_option(name, raw))
+        return out
+
+    def load_key(self) -> tuple:
+        return tuple(getattr(self, n) for n in LOAD_OPTIONS)
+
+
+_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(Options)}
+
+
+def coerce_option(name: str, raw: Any) -> Any:
+    """Convert ``raw`` (JSON value or CLI string) to the type of option ``name``."""
+    kind = _FIELD_TYPES.get(name)
+    if kind is None:
+        raise InvalidRequest(f"invalid option provided: {name!r}")
+    try:
+        if kind == "list[str]":
+            if raw is None:
+                return []
+            if isinstance(raw, str):
+                return [raw]
+            if isinstance(raw, (list, tuple)) and all(isinstance(s, str) for s in raw):
+                return list(raw)
+            raise ValueError
+        if kind == "bool | None":
+            if raw is None or isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.lower() in ("true", "1", "false", "0"):
+                return raw.lower() in ("true", "1")
+            raise ValueError
+        if isinstance(raw, bool) or raw is None or isinstance(raw, (list, dict)):
+            raise ValueError
+        if kind == "int":
+            value = float(raw)
+            if value != int(value):
+                raise ValueError
+            return int(value)
+        if kind == "float":
+            value = float(raw)
+            if value != value:  # NaN
+                raise ValueError
+            return value
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise InvalidRequest(f"invalid value for option {name!r}: {raw!r}")
+
+
+# ------------------------------------------------------------------------------------- requests
+@dataclass
+class Message:
+    role: str
+    content: str
+
+
+@dataclass
+class Request:
+    """One generation. Exactly one of ``prompt`` (generate) or ``messages`` (chat) is used.
+
+    ``cancel`` may be set from any thread: the sequence stops at the next batch and frees its slot.
+    """
+
+    prompt: str = ""
+    messages: list[Message] | None = None
+    system: str | None = None
+    template: str | None = None  # a Jinja chat template overriding the model's
+    raw: bool = False  # prompt is sent as is, no template
+    context: list[int] | None = None  # /api/generate's deprecated token context, prepended
+    format: str | dict | None = None  # "json" or a JSON schema
+    options: Options = field(default_factory=Options)
+    truncate: bool = True
+    shift: bool = True
+    logprobs: bool = False
+    top_logprobs: int = 0
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list["TokenLogprob"] = field(default_factory=list)
+
+
+@dataclass
+class Metrics:
+    """Counts and durations of one request. Durations are nanoseconds (Ollama's wire format).
+
+    ``prompt_eval_count`` counts the prompt tokens *evaluated* by this request; the tokens reused
+    from the slot cache are ``prompt_cached_count`` (their sum is the prompt length).
+    """
+
+    prompt_eval_count: int = 0
+    prompt_cached_count: int = 0
+    prompt_eval_duration: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    load_duration: int = 0
+    total_duration: int = 0
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics."""
+
+    text: str = ""
+    done: bool = False
+    done_reason: DoneReason | None = None
+    metrics: Metrics | None = None
+    logprobs: list[TokenLogprob] | None = None
+    context: list[int] | None = None  # generate only: prompt + response tokens
+
+
+@dataclass
+class Embedding:
+    vectors: list[list[float]]
+    prompt_eval_count: int
+
+
+@dataclass
+class ModelInfo:
+    """What is known about a loaded model without running it."""
+
+    name: str  # how the user named it (e.g. "smollm2:135m" or a path)
+    path: str
+    architecture: str
+    size: int  # bytes on disk
+    context_length: int  # trained context
+    embedding_length: int
+    parameter_count: int
+    quantization: str
+    chat_template: str | None
+    metadata: dict[str, Any]
+
+
+class Runner(Protocol):
+    """A loaded model and the background thread that decodes its sequences."""
+
+    engine: str  # "old" (llama.cpp) or "new" (our GGML model code)
+    info: ModelInfo
+    num_ctx: int  # per-sequence context
+    num_parallel: int  # slots
+    num_batch: int
+
+    def generate(self, request: Request) -> Iterator[Chunk]:
+        """Stream the completion of ``request.prompt`` (templated unless ``raw``)."""
+
+    def chat(self, request: Request) -> Iterator[Chunk]:
+        """Stream the assistant's answer to ``request.messages`` rendered with the chat template."""
+
+    def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
+        """Mean-pooled, L2-normalised embeddings of each text."""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        ...
+
+    def detokenize(self, tokens: list[int]) -> str:
+        ...
+
+    def close(self) -> None:
+        """Stop the batch loop and free the model. Streams still open end with an error."""

@@ -1,0 +1,161 @@
+"""The OLLAMA_* environment, read in one place (reference §6).
+
+Values are trimmed of spaces and quotes. Booleans accept what Go's ParseBool accepts and an
+unparsable value counts as true (Ollama's rule); an invalid number falls back to the default with
+a warning. Call :func:`load` each time: the environment is read fresh, nothing is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 11434
+DEFAULT_CONTEXT_LENGTH = 4096  # Ollama's tier for < 23 GiB of VRAM, i.e. any CPU machine
+
+
+@dataclass(frozen=True)
+class Config:
+    host: str  # "127.0.0.1"
+    port: int  # 11434
+    models: Path  # model store
+    context_length: int  # default num_ctx
+    num_parallel: int
+    multiuser_cache: bool
+    keep_alive: float  # seconds; < 0 forever, 0 unload after each request
+    max_loaded_models: int
+    max_queue: int
+    flash_attention: bool | None  # None: per-model default
+    kv_cache_type: str
+    debug: int  # 0 info, 1 debug, 2 trace
+    nohistory: bool
+    new_engine: bool
+
+    @property
+    def base_url(self) -> str:
+        host = self.host if self.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+def _clean(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, "").strip().strip("\"'").strip()
+
+
+def parse_bool(value: str) -> bool:
+    """Go's strconv.ParseBool, with Ollama's twist: anything unparsable (but set) is true."""
+    if value == "":
+        return False
+    return value.lower() not in ("0", "f", "false")
+
+
+def _uint(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = _clean(env, name)
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+        if value < 0:
+            raise ValueError
+        return value
+    except ValueError:
+        log.warning("invalid %s=%r, using the default %d", name, raw, default)
+        return default
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds from a Go duration ("5m", "1h30m", "250ms"), a number of seconds, or "-1"."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    sign = -1.0 if text.startswith("-") else 1.0
+    rest = text.lstrip("+-")
+    total, number = 0.0, ""
+    i = 0
+    if not rest:
+        raise ValueError(f"invalid duration {value!r}")
+    while i < len(rest):
+        ch = rest[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = next((u for u in ("ns", "us", "µs", "ms", "h", "m", "s") if rest.startswith(u, i)), None)
+        if unit is None or not number:
+            raise ValueError(f"invalid duration {value!r}")
+        total += float(number) * units[unit]
+        number = ""
+        i += len(unit)
+    if number:
+        raise ValueError(f"invalid duration {value!r} (missing unit)")
+    return sign * total
+
+
+def parse_host(raw: str) -> tuple[str, int]:
+    """OLLAMA_HOST: ``[scheme://]host[:port]``; an empty host is 127.0.0.1, the port 11434."""
+    text = raw.strip() or "127.0.0.1"
+    default_port = DEFAULT_PORT
+    if "://" in text:
+        scheme, text = text.split("://", 1)
+        default_port = {"http": 80, "https": 443}.get(scheme.lower(), DEFAULT_PORT)
+    text = text.split("/", 1)[0]
+    if text.startswith("["):  # [::1]:port
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    host = host or "127.0.0.1"
+    try:
+        port = int(port_text) if port_text else default_port
+    except ValueError:
+        raise ValueError(f"invalid OLLAMA_HOST {raw!r}") from None
+    return host, port
+
+
+def load(env: Mapping[str, str] | None = None) -> Config:
+    env = os.environ if env is None else env
+    host, port = parse_host(_clean(env, "OLLAMA_HOST"))
+    models = _clean(env, "OLLAMA_MODELS")
+    keep_alive_raw = _clean(env, "OLLAMA_KEEP_ALIVE") or "5m"
+    try:
+        keep_alive = parse_duration(keep_alive_raw)
+    except ValueError:
+        log.warning("invalid OLLAMA_KEEP_ALIVE=%r, using 5m", keep_alive_raw)
+        keep_alive = 300.0
+    fa = _clean(env, "OLLAMA_FLASH_ATTENTION")
+    debug_raw = _clean(env, "OLLAMA_DEBUG")
+    if debug_raw.isdigit():
+        debug = int(debug_raw)
+    else:
+        debug = 1 if parse_bool(debug_raw) else 0
+    return Config(
+        host=host,
+        port=port,
+        models=Path(models).expanduser() if models else Path.home() / ".ollama" / "models",
+        context_length=_uint(env, "OLLAMA_CONTEXT_LENGTH", 0) or DEFAULT_CONTEXT_LENGTH,
+        num_parallel=max(_uint(env, "OLLAMA_NUM_PARALLEL", 1), 1),
+        multiuser_cache=parse_bool(_clean(env, "OLLAMA_MULTIUSER_CACHE")),
+        keep_alive=keep_alive,
+        max_loaded_models=_uint(env, "OLLAMA_MAX_LOADED_MODELS", 0) or 3,
+        max_queue=_uint(env, "OLLAMA_MAX_QUEUE", 512),
+        flash_attention=parse_bool(fa) if fa else None,
+        kv_cache_type=_clean(env, "OLLAMA_KV_CACHE_TYPE").lower() or "f16",
+        debug=debug,
+        nohistory=parse_bool(_clean(env, "OLLAMA_NOHISTORY")),
+        new_engine=parse_bool(_clean(env, "OLLAMA_NEW_ENGINE")),
+    )

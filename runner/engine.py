@@ -1,0 +1,514 @@
+"""What both engines share: sequences, the batch loop thread, and per-token post-processing.
+
+An engine subclasses :class:`BatchRunner` and supplies the primitives that differ — tokenize,
+token pieces, adding tokens to a batch, decoding it, sampling — and its :class:`KvOps`. This
+module owns the Go runner's loop (reference §1.5, §1.6, §2.9): slots are claimed for waiting
+sequences, each batch takes inputs from every live sequence (round robin), a full slot is shifted,
+and each sampled token goes through EOS / stop / UTF-8 / num_predict handling before it is
+streamed.
+
+Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
+to the waiting queue (under ``_lock``) and read their sequence's output queue; cancelling sets an
+Event the loop checks before each batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import prompt as _prompt
+from .api import (
+    Chunk,
+    DoneReason,
+    Embedding,
+    InvalidRequest,
+    LoadError,
+    Message,
+    Metrics,
+    ModelInfo,
+    PollamaError,
+    PromptTooLong,
+    Request,
+    TokenLogprob,
+)
+from .inputcache import InputCache, ReprocessInputs, Slot
+from .text import (
+    contains_stop_suffix,
+    decode_flush,
+    find_stop,
+    incomplete_utf8,
+    token_logprobs,
+    truncate_stop,
+)
+
+log = logging.getLogger(__name__)
+
+_now = time.perf_counter_ns
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the runner (Go's ``Sequence``)."""
+
+    request: Request
+    prompt: list[int]  # the whole prompt after truncation
+    num_keep: int
+    num_predict: int
+    stops: list[bytes]
+    embedding: bool = False
+    t_request: int = field(default_factory=_now)
+    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # filled in by the loop
+    slot: Slot | None = None
+    inputs: list[int] = field(default_factory=list)  # still to evaluate
+    pending_inputs: list[int] = field(default_factory=list)  # in the batch being decoded
+    pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    num_predicted: int = 0
+    cached: int = 0
+    evaluated: int = 0
+    batch_index: int = -1  # row of the last input in the current batch (its logits)
+    batch_first: int = -1  # row of the first input (embeddings)
+    sampler: Any = None
+    embedding_sum: np.ndarray | None = None
+    t_start: int = 0
+    t_first: int = 0
+    t_last: int = 0
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set() or self.request.cancel.is_set()
+
+
+class BatchRunner:
+    """A loaded model plus its batch loop. Subclasses implement the ``_engine_*`` hooks."""
+
+    engine = "?"
+    per_sequence_batch = True  # llamarunner caps each sequence at num_batch; ollamarunner the total
+
+    def __init__(self, info: ModelInfo, num_ctx: int, num_parallel: int, num_batch: int, multi_user: bool):
+        self.info = info
+        self.num_ctx = num_ctx
+        self.num_parallel = num_parallel
+        self.num_batch = num_batch
+        self.multi_user = multi_user
+        self.load_duration = 0  # ns, set by load()
+        self.cache: InputCache  # set by the subclass once its KV memory exists
+        self._lock = threading.Condition()
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._seqs: list[Sequence | None] = [None] * num_parallel
+        self._next_seq = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"runner:{info.name}", daemon=True)
+
+    # ----------------------------------------------------------------------- engine hooks
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        raise NotImplementedError
+
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` renders as in output (control tokens render as nothing)."""
+        raise NotImplementedError
+
+    def is_eog(self, token: int) -> bool:
+        raise NotImplementedError
+
+    @property
+    def add_bos(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def special_tokens(self) -> tuple[str, str]:
+        """(bos, eos) token texts, for chat templates."""
+        raise NotImplementedError
+
+    def _engine_batch_begin(self) -> None:
+        raise NotImplementedError
+
+    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int, all_outputs: bool) -> int:
+        """Append ``tokens`` at positions pos.. of ``seq_id``; the last one (or all, for
+        embeddings) produces output. Returns the batch row of the first token."""
+        raise NotImplementedError
+
+    def _engine_decode(self, embeddings: bool) -> None:
+        raise NotImplementedError
+
+    def _engine_new_sampler(self, seq: Sequence) -> Any:
+        raise NotImplementedError
+
+    def _engine_free_sampler(self, sampler: Any) -> None:
+        pass
+
+    def _engine_sample(self, seq: Sequence) -> int:
+        raise NotImplementedError
+
+    def _engine_logits(self, seq: Sequence) -> np.ndarray:
+        raise NotImplementedError
+
+    def _engine_embeddings(self, first: int, count: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _engine_close(self) -> None:
+        pass
+
+    # ------------------------------------------------------------------------- public API
+    def start(self) -> None:
+        self._thread.start()
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return decode_flush(b"".join(self.piece(t) for t in tokens))
+
+    def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True) -> str:
+        bos, eos = self.special_tokens
+        source = template if template is not None else self.info.chat_template
+
+        def render(msgs):
+            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos)
+
+        return _prompt.chat_prompt(
+            messages, render, lambda s: len(self.tokenize(s)), self.num_ctx, truncate
+        )
+
+    def generate(self, request: Request) -> Iterator[Chunk]:
+        """Validate and tokenize now (errors raise here); the returned iterator streams."""
+        t0 = _now()
+        text = request.prompt
+        if not request.raw:
+            messages = []
+            if request.system:
+                messages.append(Message("system", request.system))
+            messages.append(Message("user", request.prompt))
+            text = self.render_chat(messages, request.template, truncate=False)
+        if request.context:
+            text = self.detokenize(list(request.context)) + text
+        seq = self._new_sequence(self.tokenize(text), request, t0)
+        return self._stream(seq)
+
+    def chat(self, request: Request) -> Iterator[Chunk]:
+        t0 = _now()
+        messages = list(request.messages or [])
+        if request.system and not any(m.role == "system" for m in messages):
+            messages.insert(0, Message("system", request.system))
+        text = self.render_chat(messages, request.template, truncate=request.truncate)
+        seq = self._new_sequence(self.tokenize(text), request, t0)
+        return self._stream(seq)
+
+    def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
+        vectors, count = [], 0
+        for text in texts:
+            tokens = self.tokenize(text)
+            if not tokens:
+                raise InvalidRequest("no input provided")
+            if len(tokens) > self.num_ctx:
+                if not truncate:
+                    raise PromptTooLong(
+                        f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
+                    )
+                tokens = tokens[: self.num_ctx]
+            seq = Sequence(Request(), tokens, num_keep=0, num_predict=0, stops=[], embedding=True)
+            for item in self._stream(seq):
+                if isinstance(item, np.ndarray):
+                    vectors.append(item.tolist())
+            count += len(tokens)
+        return Embedding(vectors, count)
+
+    def pending(self) -> int:
+        """Sequences waiting for a slot plus sequences running."""
+        with self._lock:
+            return len(self._waiting) + sum(s is not None for s in self._seqs)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+        err = LoadError("the model was unloaded")
+        for seq in list(self._waiting) + [s for s in self._seqs if s is not None]:
+            seq.out.put(err)
+        self._waiting.clear()
+        self._seqs = [None] * self.num_parallel
+        self._engine_close()
+
+    # ------------------------------------------------------------------------ sequences
+    def _new_sequence(self, tokens: list[int], request: Request, t0: int) -> Sequence:
+        if not tokens:
+            raise InvalidRequest("no input provided")
+        opts = request.options
+        num_keep = opts.num_keep
+        if num_keep < 0:
+            num_keep = len(tokens)
+        num_keep = max(0, min(num_keep, self.num_ctx - 1))
+        if len(tokens) > self.num_ctx:
+            if not request.truncate:
+                raise PromptTooLong(
+                    f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
+                )
+            discard = len(tokens) - self.num_ctx
+            log.warning("truncating input prompt: limit %d, prompt %d, keep %d", self.num_ctx, len(tokens), num_keep)
+            tokens = tokens[:num_keep] + tokens[num_keep + discard :]
+        num_predict = opts.num_predict
+        if num_predict < 0 or num_predict > 10 * self.num_ctx:
+            num_predict = 10 * self.num_ctx
+        stops = [s.encode("utf-8") for s in opts.stop if s]
+        return Sequence(request, tokens, num_keep, num_predict, stops, t_request=t0)
+
+    def _stream(self, seq: Sequence) -> Iterator[Any]:
+        with self._lock:
+            if self._closed:
+                raise LoadError("the model was unloaded")
+            self._waiting.append(seq)
+            self._lock.notify_all()
+        try:
+            while True:
+                item = seq.out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, np.ndarray) or (isinstance(item, Chunk) and item.done):
+                    return
+        finally:
+            seq.cancelled.set()
+            with self._lock:
+                if seq in self._waiting:
+                    self._waiting.remove(seq)
+
+    # ------------------------------------------------------------------------- the loop
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._admit()
+                while not self._closed and not any(self._seqs):
+                    self._lock.wait()
+                    self._admit()
+                if self._closed:
+                    return
+            try:
+                self._process_batch()
+            except Exception as err:  # a decode failure must not kill the loop or leak slots
+                log.exception("batch failed")
+                failure = err if isinstance(err, PollamaError) else LoadError(f"model runner error: {err}")
+                for i, seq in enumerate(self._seqs):
+                    if seq is not None:
+                        seq.out.put(failure)
+                        self._release(i, seq)
+
+    def _admit(self) -> None:
+        """Give free sequence entries to waiting sequences, in arrival order (lock held)."""
+        while self._waiting and None in self._seqs:
+            seq = self._waiting.popleft()
+            if seq.is_cancelled():
+                continue
+            i = self._seqs.index(None)
+            try:
+                sampler = None if seq.embedding else self._engine_new_sampler(seq)
+            except Exception as err:  # e.g. a format that does not compile: fail this request only
+                log.debug("cannot start sequence: %s", err)
+                seq.out.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
+                continue
+            slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=not seq.embedding)
+            seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
+            seq.cached = len(seq.prompt) - len(remaining)
+            seq.evaluated = len(remaining)
+            seq.t_start = _now()
+            self._seqs[i] = seq
+            log.debug(
+                "slot %d: prompt %d tokens, cached %d, evaluating %d",
+                slot.id, len(seq.prompt), seq.cached, len(remaining),
+            )
+
+    def _process_batch(self) -> None:
+        self._engine_batch_begin()
+        in_batch: list[tuple[int, Sequence]] = []
+        total = 0
+        embedding_batch: bool | None = None
+        n = self.num_parallel
+        for k in range(n):
+            i = (self._next_seq + k) % n
+            seq = self._seqs[i]
+            if seq is None:
+                continue
+            if seq.is_cancelled():
+                self._finish(i, seq, DoneReason.CONNECTION_CLOSED)
+                continue
+            if embedding_batch is None:
+                embedding_batch = seq.embedding
+            elif seq.embedding != embedding_batch:
+                continue  # token and embedding batches alternate
+            added = self._fill(i, seq, total)
+            if added:
+                total += added
+                in_batch.append((i, seq))
+        self._next_seq = (self._next_seq + 1) % n
+        if not in_batch:
+            return
+        self._engine_decode(bool(embedding_batch))
+        for i, seq in in_batch:
+            assert seq.slot is not None
+            decoded = len(seq.pending_inputs)
+            seq.slot.inputs.extend(seq.pending_inputs)
+            seq.pending_inputs = []
+            if seq.embedding:
+                self._accumulate_embedding(i, seq, decoded)
+                continue
+            if seq.inputs:
+                continue  # still evaluating the prompt
+            token = self._engine_sample(seq)
+            self._on_token(i, seq, token)
+
+    def _fill(self, i: int, seq: Sequence, total: int) -> int:
+        """Move as many of ``seq``'s inputs into the batch as the caps allow; shift when full."""
+        assert seq.slot is not None
+        added = 0
+        while seq.inputs:
+            used = len(seq.slot.inputs) + len(seq.pending_inputs)
+            room = self.num_ctx - used
+            if room < 1:
+                if seq.pending_inputs:
+                    break
+                if not seq.request.shift or seq.embedding:
+                    self._finish(i, seq, DoneReason.LENGTH)
+                    return 0
+                try:
+                    self.cache.shift_slot(seq.slot, seq.num_keep)
+                except ReprocessInputs as redo:
+                    seq.inputs = redo.inputs + seq.inputs
+                continue
+            cap = self.num_batch - (added if self.per_sequence_batch else total + added)
+            take = min(len(seq.inputs), room, cap)
+            if take <= 0:
+                break
+            tokens = seq.inputs[:take]
+            seq.inputs = seq.inputs[take:]
+            last_out = not seq.inputs
+            first = self._engine_batch_add(tokens, used, seq.slot.id, seq.embedding)
+            if not seq.pending_inputs:
+                seq.batch_first = first
+            seq.batch_index = first + take - 1
+            seq.pending_inputs.extend(tokens)
+            added += take
+            if last_out:
+                break
+        return added
+
+    # ---------------------------------------------------------------- per-token handling
+    def _on_token(self, i: int, seq: Sequence, token: int) -> None:
+        now = _now()
+        if not seq.t_first:
+            seq.t_first = now
+        seq.t_last = now
+        seq.num_predicted += 1
+        if self.is_eog(token):
+            self._finish(i, seq, DoneReason.STOP)
+            return
+        piece = self.piece(token)
+        seq.generated.append(token)
+        seq.inputs = [token]  # decoded by the next batch, which puts it in the KV cache
+        if seq.request.logprobs:
+            seq.pending_logprobs.append(
+                token_logprobs(self._engine_logits(seq), token, seq.request.top_logprobs, self.piece)
+            )
+        seq.pending_pieces.append(piece)
+        joined = b"".join(seq.pending_pieces)
+        stop = find_stop(joined, seq.stops)
+        if stop is not None:
+            self._cut_at_stop(seq, stop)
+            self._finish(i, seq, DoneReason.STOP)
+            return
+        if seq.num_predict > 0 and seq.num_predicted >= seq.num_predict:
+            self._finish(i, seq, DoneReason.LENGTH)
+            return
+        if contains_stop_suffix(joined, seq.stops) or incomplete_utf8(joined):
+            return
+        self._flush(seq)
+
+    def _cut_at_stop(self, seq: Sequence, stop: bytes) -> None:
+        """Trim the held-back text at ``stop`` and the slot's history to match (§1.6)."""
+        assert seq.slot is not None
+        orig = len(seq.pending_pieces)
+        pieces, truncated = truncate_stop(seq.pending_pieces, stop)
+        removed = orig - len(pieces)
+        seq.pending_pieces = pieces
+        if seq.pending_logprobs:
+            seq.pending_logprobs = seq.pending_logprobs[: len(seq.pending_logprobs) - removed]
+        # The last sampled token is not in the cache yet: count it, then drop what was cut.
+        keep = len(seq.slot.inputs) + 1 - removed
+        if truncated or removed == 0:
+            keep -= 1
+        del seq.slot.inputs[max(keep, 0):]
+        cut = removed + (1 if truncated or removed == 0 else 0)
+        if cut:
+            del seq.generated[max(len(seq.generated) - cut, 0):]
+        seq.inputs = []
+
+    def _flush(self, seq: Sequence) -> None:
+        if not seq.pending_pieces and not seq.pending_logprobs:
+            return
+        text = decode_flush(b"".join(seq.pending_pieces))
+        chunk = Chunk(text=text, logprobs=seq.pending_logprobs or None)
+        seq.pending_pieces, seq.pending_logprobs = [], []
+        seq.out.put(chunk)
+
+    def _metrics(self, seq: Sequence) -> Metrics:
+        end = seq.t_last or _now()
+        first = seq.t_first or end
+        return Metrics(
+            prompt_eval_count=seq.evaluated,
+            prompt_cached_count=seq.cached,
+            prompt_eval_duration=max(first - seq.t_start, 0) if seq.t_start else 0,
+            eval_count=seq.num_predicted,
+            eval_duration=max(end - first, 0),
+            load_duration=0,
+            total_duration=_now() - seq.t_request,
+        )
+
+    def _finish(self, i: int, seq: Sequence, reason: DoneReason) -> None:
+        if reason is not DoneReason.CONNECTION_CLOSED:
+            self._flush(seq)
+        seq.out.put(
+            Chunk(
+                done=True,
+                done_reason=reason,
+                metrics=self._metrics(seq),
+                context=seq.prompt + seq.generated,
+            )
+        )
+        self._release(i, seq)
+
+    def _release(self, i: int, seq: Sequence) -> None:
+        if seq.sampler is not None:
+            self._engine_free_sampler(seq.sampler)
+            seq.sampler = None
+        if seq.slot is not None:
+            if seq.pending_inputs:  # never decoded: the cache ends before them
+                seq.pending_inputs = []
+            self.cache.release(seq.slot)
+        self._seqs[i] = None
+
+    def _accumulate_embedding(self, i: int, seq: Sequence, count: int) -> None:
+        rows = self._engine_embeddings(seq.batch_first, count)
+        total = rows.sum(axis=0, dtype=np.float64)
+        seq.embedding_sum = total if seq.embedding_sum is None else seq.embedding_sum + total
+        seq.batch_first = -1
+        if seq.inputs:
+            return
+        mean = seq.embedding_sum / len(seq.prompt)
+        norm = float(np.linalg.norm(mean))
+        if not np.isfinite(norm):
+            seq.out.put(LoadError("embedding contains NaN or Inf values"))
+        else:
+            seq.out.put((mean / norm if norm > 0 else mean).astype(np.float32))
+        assert seq.slot is not None
+        seq.slot.inputs = []  # embedding batches write the slot: it no longer holds a prompt
+        self.cache.kv.seq_rm(seq.slot.id, 0, None)
+        self._release(i, seq)

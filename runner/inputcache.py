@@ -1,0 +1,168 @@
+"""The slot cache both engines share (reference §1.2–1.3, §2.3): which slot a prompt goes to, how
+much of it is already in the KV cache, and context shift.
+
+A slot is one KV sequence with the tokens it holds. The policy is plain Python over plain data;
+the engine supplies :class:`KvOps`, the four KV-memory operations it needs (llama.cpp's
+``llama_memory_seq_*`` for the old engine, our ``kvcache`` for the new one).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+log = logging.getLogger(__name__)
+
+
+class KvOps(Protocol):
+    def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
+        """Forget positions [begin, end) of ``seq`` (end None: to the end). False when the model
+        cannot erase part of a sequence (the caller then erases all of it)."""
+
+    def seq_cp(self, src: int, dst: int, length: int) -> None:
+        """Make ``dst`` hold positions [0, length) of ``src`` (``dst`` is empty)."""
+
+    def shift(self, seq: int, keep: int, discard: int, length: int) -> bool:
+        """Drop positions [keep, keep+discard) and move [keep+discard, length) down by
+        ``discard`` (re-applying RoPE). False when the model cannot shift: the caller re-evaluates."""
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        """Whether the sequence can continue at ``pos`` with its cached prefix (SWA may say no)."""
+
+
+class NoSlotAvailable(RuntimeError):
+    pass
+
+
+class ReprocessInputs(Exception):
+    """The shift could not be done in place: the slot is empty, re-evaluate ``inputs``."""
+
+    def __init__(self, inputs: list[int]):
+        super().__init__("reprocess inputs")
+        self.inputs = inputs
+
+
+@dataclass
+class Slot:
+    id: int
+    inputs: list[int] = field(default_factory=list)  # tokens held in the KV cache, positions 0..n-1
+    in_use: bool = False
+    last_used: float = 0.0  # time.monotonic(); 0 = never used
+
+
+def count_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in chunks: list slices compare in C, much faster than a Python loop on long prompts.
+    step = 256
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def shift_discard(num_ctx: int, input_len: int, num_keep: int) -> int:
+    """How many tokens after ``num_keep`` to drop so half the free context is free again."""
+    target_free = max((num_ctx - num_keep) // 2, 1)
+    current_free = num_ctx - input_len
+    return max(target_free - current_free, 0)
+
+
+class InputCache:
+    def __init__(self, kv: KvOps, kv_size: int, num_slots: int, multi_user: bool):
+        if num_slots < 1 or kv_size // num_slots < 1:
+            raise ValueError("must have at least one kv cache entry per parallel sequence")
+        self.kv = kv
+        self.num_ctx = kv_size // num_slots
+        self.multi_user = multi_user
+        self.slots = [Slot(i) for i in range(num_slots)]
+
+    # -------------------------------------------------------------------------- slot choice
+    def find_longest_slot(self, prompt: Sequence[int]) -> tuple[Slot, int]:
+        """The free slot sharing the longest prefix with ``prompt`` (first wins ties)."""
+        best, longest = None, -1
+        for slot in self.slots:
+            if slot.in_use:
+                continue
+            n = count_common_prefix(slot.inputs, prompt)
+            if n > longest:
+                best, longest = slot, n
+        if best is None:
+            raise NoSlotAvailable("no available cache slots")
+        return best, longest
+
+    def find_best_slot(self, prompt: Sequence[int]) -> tuple[Slot, int]:
+        """Multi-user policy: reuse a slot that is a full prefix of the prompt; otherwise take
+        the least recently used free slot and fork the longest matching prefix into it."""
+        longest, longest_slot = -1, None
+        oldest_slot, oldest_time = None, float("inf")
+        for slot in self.slots:
+            n = count_common_prefix(slot.inputs, prompt)
+            if n > longest:
+                longest, longest_slot = n, slot
+            if not slot.in_use and slot.last_used < oldest_time:
+                oldest_slot, oldest_time = slot, slot.last_used
+        assert longest_slot is not None
+        if longest == len(longest_slot.inputs) and not longest_slot.in_use:
+            return longest_slot, longest
+        if oldest_slot is None:
+            raise NoSlotAvailable("no available cache slots")
+        if oldest_slot.inputs:
+            log.debug("evicting cache slot %d (%d tokens)", oldest_slot.id, len(oldest_slot.inputs))
+        if longest > 0 and longest_slot is not oldest_slot:
+            log.debug("forking %d tokens from slot %d into slot %d", longest, longest_slot.id, oldest_slot.id)
+            oldest_slot.inputs = list(longest_slot.inputs[:longest])
+            self.kv.seq_rm(oldest_slot.id, 0, None)
+            self.kv.seq_cp(longest_slot.id, oldest_slot.id, longest)
+        return oldest_slot, longest
+
+    def load_slot(self, prompt: list[int], cache_prompt: bool = True) -> tuple[Slot, list[int]]:
+        """Claim a slot for ``prompt``; return it and the tokens still to evaluate (never none)."""
+        if self.multi_user:
+            slot, num_past = self.find_best_slot(prompt)
+        else:
+            slot, num_past = self.find_longest_slot(prompt)
+        if not cache_prompt:
+            num_past = 0
+        slot.in_use = True
+        slot.last_used = time.monotonic()
+        if num_past == len(prompt) and num_past > 0:
+            num_past -= 1  # leave one input to evaluate: its logits give the first token
+        if num_past > 0 and not self.kv.can_resume(slot.id, num_past):
+            num_past = 0
+        if not self.kv.seq_rm(slot.id, num_past, None):
+            self.kv.seq_rm(slot.id, 0, None)  # no partial erasure: start the slot over
+            num_past = 0
+        slot.inputs = list(prompt[:num_past])
+        return slot, list(prompt[num_past:])
+
+    def release(self, slot: Slot) -> None:
+        slot.in_use = False
+        slot.last_used = time.monotonic()
+
+    # ------------------------------------------------------------------------- context shift
+    def shift_discard(self, input_len: int, num_keep: int) -> int:
+        return shift_discard(self.num_ctx, input_len, num_keep)
+
+    def shift_slot(self, slot: Slot, num_keep: int) -> int:
+        """Make room in a full slot by dropping tokens after ``num_keep``; returns how many.
+
+        Raises ReprocessInputs (slot emptied) when the KV memory cannot shift in place.
+        """
+        if num_keep >= self.num_ctx:
+            raise ValueError(f"unable to shift context: num_keep {num_keep} >= num_ctx {self.num_ctx}")
+        input_len = len(slot.inputs)
+        discard = self.shift_discard(input_len, num_keep)
+        if discard <= 0:
+            return 0
+        log.debug("context shift: slot %d, keep %d, discard %d of %d", slot.id, num_keep, discard, input_len)
+        if self.kv.shift(slot.id, num_keep, discard, input_len):
+            del slot.inputs[num_keep : num_keep + discard]
+            return discard
+        kept = slot.inputs[:num_keep] + slot.inputs[num_keep + discard :]
+        self.kv.seq_rm(slot.id, 0, None)
+        slot.inputs = []
+        raise ReprocessInputs(kept)

