@@ -1,0 +1,1015 @@
+"""The GGUF tokenizer, token-for-token identical to llama.cpp's (``src/llama-vocab.cpp``).
+
+    tok = load_tokenizer("model.gguf")
+    ids = tok.encode("Hello", add_special=True, parse_special=False)
+    text = tok.decode(ids)
+
+Two vocabulary types are supported, the two that ``tokenizer.ggml.model`` names for llama-family
+models:
+
+* ``"llama"`` -- SentencePiece-style BPE over token scores: spaces become ``▁``, a space is put
+  in front of the text (``add_space_prefix``), the highest-scoring adjacent pair that forms a token
+  is merged first, and characters that end up outside every token fall back to ``<0xNN>`` bytes.
+* ``"gpt2"`` -- byte-level BPE: a pre-tokenizer (the regexes that ``tokenizer.ggml.pre`` names)
+  splits the text into words, each word's UTF-8 bytes are mapped to printable characters, and
+  the adjacent pair with the lowest merge rank is merged first. Words are cached.
+
+Special tokens (control / user-defined / unknown types) are cut out of the text before either
+algorithm runs, longest first, as ``tokenizer_st_partition`` does: user-defined tokens always,
+control and unknown tokens only when ``parse_special`` is true.
+
+Character classes follow llama.cpp's Unicode 15.1 tables: a code point assigned in a later
+Unicode version (which the ``regex`` package may know) counts as unassigned, as it does there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import heapq
+import logging
+import mmap
+import struct
+from dataclasses import dataclass
+from enum import IntFlag
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import regex
+from gguf import GGUFValueType
+
+from runner.api import InvalidModel, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Tokenizer", "TokenAttr", "load_tokenizer", "read_tokenizer_metadata"]
+
+
+class TokenAttr(IntFlag):
+    """llama.cpp's ``llama_token_attr`` bits."""
+
+    UNDEFINED = 0
+    UNKNOWN = 1 << 0
+    UNUSED = 1 << 1
+    NORMAL = 1 << 2
+    CONTROL = 1 << 3
+    USER_DEFINED = 1 << 4
+    BYTE = 1 << 5
+    NORMALIZED = 1 << 6
+    LSTRIP = 1 << 7
+    RSTRIP = 1 << 8
+    SINGLE_WORD = 1 << 9
+
+
+# GGUF ``tokenizer.ggml.token_type`` values (llama_token_type) -> attributes.
+_TOKEN_TYPE_ATTR = {
+    0: TokenAttr.UNDEFINED,
+    1: TokenAttr.NORMAL,
+    2: TokenAttr.UNKNOWN,
+    3: TokenAttr.CONTROL,
+    4: TokenAttr.USER_DEFINED,
+    5: TokenAttr.UNUSED,
+    6: TokenAttr.BYTE,
+}
+
+_A_UNKNOWN = int(TokenAttr.UNKNOWN)
+_A_UNUSED = int(TokenAttr.UNUSED)
+_A_NORMAL = int(TokenAttr.NORMAL)
+_A_CONTROL = int(TokenAttr.CONTROL)
+_A_USER_DEFINED = int(TokenAttr.USER_DEFINED)
+_A_BYTE = int(TokenAttr.BYTE)
+_A_LSTRIP = int(TokenAttr.LSTRIP)
+_A_RSTRIP = int(TokenAttr.RSTRIP)
+
+_SPM_SPACE = "\u2581"  # ▁
+_C_SPACES = " \t\n\v\f\r"  # C isspace() in the "C" locale
+
+
+# ------------------------------------------------------------------------------ GGUF metadata
+_SCALAR_FORMATS: dict[int, struct.Struct] = {
+    GGUFValueType.UINT8: struct.Struct("<B"),
+    GGUFValueType.INT8: struct.Struct("<b"),
+    GGUFValueType.UINT16: struct.Struct("<H"),
+    GGUFValueType.INT16: struct.Struct("<h"),
+    GGUFValueType.UINT32: struct.Struct("<I"),
+    GGUFValueType.INT32: struct.Struct("<i"),
+    GGUFValueType.FLOAT32: struct.Struct("<f"),
+    GGUFValueType.BOOL: struct.Struct("<?"),
+    GGUFValueType.UINT64: struct.Struct("<Q"),
+    GGUFValueType.INT64: struct.Struct("<q"),
+    GGUFValueType.FLOAT64: struct.Struct("<d"),
+}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+def _wanted_key(key: str) -> bool:
+    return (key.startswith("tokenizer.") and key != "tokenizer.chat_template"
+            and not key.startswith("tokenizer.chat_template.")) or key in (
+        "general.name", "general.architecture")
+
+
+def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
+    """Read the ``tokenizer.*`` keys (and ``general.name``/``general.architecture``) of a GGUF file.
+
+    Only the key/value header is parsed (the file is memory-mapped, tensors are never touched).
+    Strings come back as ``str`` (undecodable bytes kept as surrogate escapes), numeric arrays as
+    lists. ``gguf.GGUFReader`` parses every array element into numpy views, which costs ~1.5 s
+    for a 49k-token vocabulary; this reader takes a few tens of milliseconds.
+    Raises :class:`runner.api.InvalidModel` when the file is not a little-endian GGUF v2/v3.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            return _parse_header(mm, path)
+    except (OSError, ValueError, struct.error) as err:
+        raise InvalidModel(f"{path}: cannot read GGUF header: {err}") from err
+
+
+def _parse_header(buf: mmap.mmap, path: Path) -> dict[str, Any]:
+    if buf[:4] != b"GGUF":
+        raise InvalidModel(f"{path}: not a GGUF file")
+    (version,) = _U32.unpack_from(buf, 4)
+    if version not in (2, 3):
+        raise InvalidModel(f"{path}: unsupported GGUF version {version}")
+    (n_kv,) = _U64.unpack_from(buf, 16)
+    off = 24
+    out: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key, off = _read_str(buf, off)
+        (vtype,) = _U32.unpack_from(buf, off)
+        off += 4
+        value, off = _read_value(buf, off, vtype, _wanted_key(key))
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _read_str(buf: mmap.mmap, off: int) -> tuple[str, int]:
+    (n,) = _U64.unpack_from(buf, off)
+    end = off + 8 + n
+    return buf[off + 8:end].decode("utf-8", "surrogateescape"), end
+
+
+def _read_value(buf: mmap.mmap, off: int, vtype: int, keep: bool) -> tuple[Any, int]:
+    """Read (or, when ``keep`` is false, skip) one value; returns (value or None, next offset)."""
+    if vtype == GGUFValueType.STRING:
+        value, off = _read_str(buf, off)
+        return (value if keep else None), off
+    if vtype in _SCALAR_FORMATS:
+        fmt = _SCALAR_FORMATS[vtype]
+        return (fmt.unpack_from(buf, off)[0] if keep else None), off + fmt.size
+    if vtype != GGUFValueType.ARRAY:
+        raise InvalidModel(f"unknown GGUF value type {vtype}")
+    (etype,) = _U32.unpack_from(buf, off)
+    (count,) = _U64.unpack_from(buf, off + 4)
+    off += 12
+    if etype == GGUFValueType.STRING:
+        return _read_str_array(buf, off, count, keep)
+    if etype in _SCALAR_FORMATS:
+        fmt = _SCALAR_FORMATS[etype]
+        end = off + fmt.size * count
+        if not keep:
+            return None, end
+        items = struct.unpack_from(f"<{count}{fmt.format[1:]}", buf, off)
+        return list(items), end
+    if keep:
+        raise InvalidModel(f"unsupported GGUF array element type {etype}")
+    for _ in range(count):  # nested arrays: walk them to find the end
+        _, off = _read_value(buf, off, etype, False)
+    return None, off
+
+
+def _read_str_array(buf: mmap.mmap, off: int, count: int, keep: bool) -> tuple[list[str] | None, int]:
+    unpack = _U64.unpack_from
+    if not keep:
+        for _ in range(count):
+            off += 8 + unpack(buf, off)[0]
+        return None, off
+    raw: list[bytes] = []
+    append = raw.append
+    for _ in range(count):
+        n = unpack(buf, off)[0]
+        start = off + 8
+        off = start + n
+        append(buf[start:off])
+    return [b.decode("utf-8", "surrogateescape") for b in raw], off
+
+
+# --------------------------------------------------------------------- Unicode 15.1 tables
+# Code points that llama.cpp's unicode tables (src/unicode-data.cpp, Unicode 15.1) leave
+# unassigned ("undefined": neither letter nor number nor whitespace). The ``regex`` package may
+# follow a newer Unicode and call some of them letters; such characters are replaced by an
+# always-unassigned stand-in (U+FDD0) before the pre-tokenizer regexes see the text.
+_UNASSIGNED_15_1 = """
+    378-379 380-383 38B 38D 3A2 530 557-558 58B-58C 590 5C8-5CF 5EB-5EE 5F5-5FF 70E 74B-74C 7B2-7BF
+    7FB-7FC 82E-82F 83F 85C-85D 85F 86B-86F 88F 892-897 984 98D-98E 991-992 9A9 9B1 9B3-9B5 9BA-9BB
+    9C5-9C6 9C9-9CA 9CF-9D6 9D8-9DB 9DE 9E4-9E5 9FF-A00 A04 A0B-A0E A11-A12 A29 A31 A34 A37 A3A-A3B
+    A3D A43-A46 A49-A4A A4E-A50 A52-A58 A5D A5F-A65 A77-A80 A84 A8E A92 AA9 AB1 AB4 ABA-ABB AC6 ACA
+    ACE-ACF AD1-ADF AE4-AE5 AF2-AF8 B00 B04 B0D-B0E B11-B12 B29 B31 B34 B3A-B3B B45-B46 B49-B4A
+    B4E-B54 B58-B5B B5E B64-B65 B78-B81 B84 B8B-B8D B91 B96-B98 B9B B9D BA0-BA2 BA5-BA7 BAB-BAD
+    BBA-BBD BC3-BC5 BC9 BCE-BCF BD1-BD6 BD8-BE5 BFB-BFF C0D C11 C29 C3A-C3B C45 C49 C4E-C54 C57 C5B-C5C
+    C5E-C5F C64-C65 C70-C76 C8D C91 CA9 CB4 CBA-CBB CC5 CC9 CCE-CD4 CD7-CDC CDF CE4-CE5 CF0 CF4-CFF D0D
+    D11 D45 D49 D50-D53 D64-D65 D80 D84 D97-D99 DB2 DBC DBE-DBF DC7-DC9 DCB-DCE DD5 DD7 DE0-DE5
+    DF0-DF1 DF5-E00 E3B-E3E E5C-E80 E83 E85 E8B EA4 EA6 EBE-EBF EC5 EC7 ECF EDA-EDB EE0-EFF F48
+    F6D-F70 F98 FBD FCD FDB-FFF 10C6 10C8-10CC 10CE-10CF 1249 124E-124F 1257 1259 125E-125F 1289
+    128E-128F 12B1 12B6-12B7 12BF 12C1 12C6-12C7 12D7 1311 1316-1317 135B-135C 137D-137F 139A-139F
+    13F6-13F7 13FE-13FF 169D-169F 16F9-16FF 1716-171E 1737-173F 1754-175F 176D 1771 1774-177F
+    17DE-17DF 17EA-17EF 17FA-17FF 181A-181F 1879-187F 18AB-18AF 18F6-18FF 191F 192C-192F 193C-193F
+    1941-1943 196E-196F 1975-197F 19AC-19AF 19CA-19CF 19DB-19DD 1A1C-1A1D 1A5F 1A7D-1A7E 1A8A-1A8F
+    1A9A-1A9F 1AAE-1AAF 1ACF-1AFF 1B4D-1B4F 1B7F 1BF4-1BFB 1C38-1C3A 1C4A-1C4C 1C89-1C8F 1CBB-1CBC
+    1CC8-1CCF 1CFB-1CFF 1F16-1F17 1F1E-1F1F 1F46-1F47 1F4E-1F4F 1F58 1F5A 1F5C 1F5E 1F7E-1F7F 1FB5
+    1FC5 1FD4-1FD5 1FDC 1FF0-1FF1 1FF5 1FFF 2065 2072-2073 208F 209D-209F 20C1-20CF 20F1-20FF
+    218C-218F 2427-243F 244B-245F 2B74-2B75 2B96 2CF4-2CF8 2D26 2D28-2D2C 2D2E-2D2F 2D68-2D6E
+    2D71-2D7E 2D97-2D9F 2DA7 2DAF 2DB7 2DBF 2DC7 2DCF 2DD7 2DDF 2E5E-2E7F 2E9A 2EF4-2EFF 2FD6-2FEF
+    3040 3097-3098 3100-3104 3130 318F 31E4-31EE 321F A48D-A48F A4C7-A4CF A62C-A63F A6F8-A6FF A7CB-A7CF
+    A7D2 A7D4 A7DA-A7F1 A82D-A82F A83A-A83F A878-A87F A8C6-A8CD A8DA-A8DF A954-A95E A97D-A97F A9CE
+    A9DA-A9DD A9FF AA37-AA3F AA4E-AA4F AA5A-AA5B AAC3-AADA AAF7-AB00 AB07-AB08 AB0F-AB10 AB17-AB1F
+    AB27 AB2F AB6C-AB6F ABEE-ABEF ABFA-ABFF D7A4-D7AF D7C7-D7CA D7FC-D7FF FA6E-FA6F FADA-FAFF FB07-FB12
+    FB18-FB1C FB37 FB3D FB3F FB42 FB45 FBC3-FBD2 FD90-FD91 FDC8-FDCE FDD0-FDEF FE1A-FE1F FE53 FE67
+    FE6C-FE6F FE75 FEFD-FEFE FF00 FFBF-FFC1 FFC8-FFC9 FFD0-FFD1 FFD8-FFD9 FFDD-FFDF FFE7 FFEF-FFF8
+    FFFE-FFFF 1000C 10027 1003B 1003E 1004E-1004F 1005E-1007F 100FB-100FF 10103-10106 10134-10136
+    1018F 1019D-1019F 101A1-101CF 101FE-1027F 1029D-1029F 102D1-102DF 102FC-102FF 10324-1032C
+    1034B-1034F 1037B-1037F 1039E 103C4-103C7 103D6-103FF 1049E-1049F 104AA-104AF 104D4-104D7
+    104FC-104FF 10528-1052F 10564-1056E 1057B 1058B 10593 10596 105A2 105B2 105BA 105BD-105FF
+    10737-1073F 10756-1075F 10768-1077F 10786 107B1 107BB-107FF 10806-10807 10809 10836 10839-1083B
+    1083D-1083E 10856 1089F-108A6 108B0-108DF 108F3 108F6-108FA 1091C-1091E 1093A-1093E 10940-1097F
+    109B8-109BB 109D0-109D1 10A04 10A07-10A0B 10A14 10A18 10A36-10A37 10A3B-10A3E 10A49-10A4F
+    10A59-10A5F 10AA0-10ABF 10AE7-10AEA 10AF7-10AFF 10B36-10B38 10B56-10B57 10B73-10B77 10B92-10B98
+    10B9D-10BA8 10BB0-10BFF 10C49-10C7F 10CB3-10CBF 10CF3-10CF9 10D28-10D2F 10D3A-10E5F 10E7F 10EAA
+    10EAE-10EAF 10EB2-10EFC 10F28-10F2F 10F5A-10F6F 10F8A-10FAF 10FCC-10FDF 10FF7-10FFF 1104E-11051
+    11076-1107E 110C3-110CC 110CE-110CF 110E9-110EF 110FA-110FF 11135 11148-1114F 11177-1117F
+    111E0 111F5-111FF 11212 11242-1127F 11287 11289 1128E 1129E 112AA-112AF 112EB-112EF 112FA-112FF
+    11304 1130D-1130E 11311-11312 11329 11331 11334 1133A 11345-11346 11349-1134A 1134E-1134F
+    11351-11356 11358-1135C 11364-11365 1136D-1136F 11375-113FF 1145C 11462-1147F 114C8-114CF
+    114DA-1157F 115B6-115B7 115DE-115FF 11645-1164F 1165A-1165F 1166D-1167F 116BA-116BF 116CA-116FF
+    1171B-1171C 1172C-1172F 11747-117FF 1183C-1189F 118F3-118FE 11907-11908 1190A-1190B 11914
+    11917 11936 11939-1193A 11947-1194F 1195A-1199F 119A8-119A9 119D8-119D9 119E5-119FF 11A48-11A4F
+    11AA3-11AAF 11AF9-11AFF 11B0A-11BFF 11C09 11C37 11C46-11C4F 11C6D-11C6F 11C90-11C91 11CA8
+    11CB7-11CFF 11D07 11D0A 11D37-11D39 11D3B 11D3E 11D48-11D4F 11D5A-11D5F 11D66 11D69 11D8F
+    11D92 11D99-11D9F 11DAA-11EDF 11EF9-11EFF 11F11 11F3B-11F3D 11F5A-11FAF 11FB1-11FBF 11FF2-11FFE
+    1239A-123FF 1246F 12475-1247F 12544-12F8F 12FF3-12FFF 13456-143FF 14647-167FF 16A39-16A3F 16A5F
+    16A6A-16A6D 16ABF 16ACA-16ACF 16AEE-16AEF 16AF6-16AFF 16B46-16B4F 16B5A 16B62 16B78-16B7C
+    16B90-16E3F 16E9B-16EFF 16F4B-16F4E 16F88-16F8E 16FA0-16FDF 16FE5-16FEF 16FF2-16FFF 187F8-187FF
+    18CD6-18CFF 18D09-1AFEF 1AFF4 1AFFC 1AFFF 1B123-1B131 1B133-1B14F 1B153-1B154 1B156-1B163
+    1B168-1B16F 1B2FC-1BBFF 1BC6B-1BC6F 1BC7D-1BC7F 1BC89-1BC8F 1BC9A-1BC9B 1BCA4-1CEFF 1CF2E-1CF2F
+    1CF47-1CF4F 1CFC4-1CFFF 1D0F6-1D0FF 1D127-1D128 1D1EB-1D1FF 1D246-1D2BF 1D2D4-1D2DF 1D2F4-1D2FF
+    1D357-1D35F 1D379-1D3FF 1D455 1D49D 1D4A0-1D4A1 1D4A3-1D4A4 1D4A7-1D4A8 1D4AD 1D4BA 1D4BC 1D4C4
+    1D506 1D50B-1D50C 1D515 1D51D 1D53A 1D53F 1D545 1D547-1D549 1D551 1D6A6-1D6A7 1D7CC-1D7CD
+    1DA8C-1DA9A 1DAA0 1DAB0-1DEFF 1DF1F-1DF24 1DF2B-1DFFF 1E007 1E019-1E01A 1E022 1E025 1E02B-1E02F
+    1E06E-1E08E 1E090-1E0FF 1E12D-1E12F 1E13E-1E13F 1E14A-1E14D 1E150-1E28F 1E2AF-1E2BF 1E2FA-1E2FE
+    1E300-1E4CF 1E4FA-1E7DF 1E7E7 1E7EC 1E7EF 1E7FF 1E8C5-1E8C6 1E8D7-1E8FF 1E94C-1E94F 1E95A-1E95D
+    1E960-1EC70 1ECB5-1ED00 1ED3E-1EDFF 1EE04 1EE20 1EE23 1EE25-1EE26 1EE28 1EE33 1EE38 1EE3A
+    1EE3C-1EE41 1EE43-1EE46 1EE48 1EE4A 1EE4C 1EE50 1EE53 1EE55-1EE56 1EE58 1EE5A 1EE5C 1EE5E 1EE60
+    1EE63 1EE65-1EE66 1EE6B 1EE73 1EE78 1EE7D 1EE7F 1EE8A 1EE9C-1EEA0 1EEA4 1EEAA 1EEBC-1EEEF
+    1EEF2-1EFFF 1F02C-1F02F 1F094-1F09F 1F0AF-1F0B0 1F0C0 1F0D0 1F0F6-1F0FF 1F1AE-1F1E5 1F203-1F20F
+    1F23C-1F23F 1F249-1F24F 1F252-1F25F 1F266-1F2FF 1F6D8-1F6DB 1F6ED-1F6EF 1F6FD-1F6FF 1F777-1F77A
+    1F7DA-1F7DF 1F7EC-1F7EF 1F7F1-1F7FF 1F80C-1F80F 1F848-1F84F 1F85A-1F85F 1F888-1F88F 1F8AE-1F8AF
+    1F8B2-1F8FF 1FA54-1FA5F 1FA6E-1FA6F 1FA7D-1FA7F 1FA89-1FA8F 1FABE 1FAC6-1FACD 1FADC-1FADF
+    1FAE9-1FAEF 1FAF9-1FAFF 1FB93 1FBCB-1FBEF 1FBFA-1FFFF 2A6E0-2A6FF 2B73A-2B73F 2B81E-2B81F
+    2CEA2-2CEAF 2EBE1-2EBEF 2EE5E-2F7FF 2FA1E-2FFFF 3134B-3134F 323B0-E0000 E0002-E001F E0080-E00FF
+    E01F0-EFFFF FFFFE-FFFFF 10FFFE-10FFFF
+"""
+_UNASSIGNED_STAND_IN = "\ufdd0"  # a noncharacter: unassigned in every Unicode version
+_FIRST_UNASSIGNED = "\u0378"  # everything below is assigned
+
+
+@functools.lru_cache(maxsize=1)
+def _unassigned_ranges() -> tuple[list[int], list[int]]:
+    """(starts, ends) of _UNASSIGNED_15_1, sorted, inclusive."""
+    starts: list[int] = []
+    ends: list[int] = []
+    for item in _UNASSIGNED_15_1.split():
+        lo, _, hi = item.partition("-")
+        starts.append(int(lo, 16))
+        ends.append(int(hi or lo, 16))
+    return starts, ends
+
+
+_CN = regex.compile(r"\p{Cn}")
+
+
+@functools.lru_cache(maxsize=8192)
+def _newly_assigned(char: str) -> bool:
+    """True for a character the ``regex`` package knows but llama.cpp's Unicode 15.1 does not."""
+    starts, ends = _unassigned_ranges()
+    i = bisect.bisect_right(starts, ord(char)) - 1
+    return i >= 0 and ord(char) <= ends[i] and _CN.match(char) is None
+
+
+def _as_unicode_15_1(text: str) -> str:
+    """``text`` with characters unassigned in Unicode 15.1 replaced by U+FDD0 (same length).
+
+    Returns ``text`` itself (the same object) when nothing needs replacing, which is the rule.
+    """
+    if text.isascii():
+        return text
+    odd = [c for c in set(text) if c >= _FIRST_UNASSIGNED and _newly_assigned(c)]
+    if not odd:
+        return text
+    return text.translate(dict.fromkeys(map(ord, odd), _UNASSIGNED_STAND_IN))
+
+
+# ------------------------------------------------------------------------------ pre-tokenizers
+# The regexes llama.cpp uses (llm_tokenizer_bpe, unicode_regex_split). llama.cpp runs the GPT-2,
+# Llama-3 and Qwen2 ones through hand-written splitters that behave as these regexes do; the
+# others through std::regex on a category-collapsed text, again the same as these with Unicode
+# categories.
+_RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_RE_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# Each pre-tokenizer is a list of (regex, total): a total regex matches every character (its
+# matches tile the text); a partial one leaves the text between its matches as pieces of their own.
+_PRE_REGEXES: dict[str, tuple[tuple[str, bool], ...]] = {
+    "default": ((r"[\p{P}\$\+<=>\^~\|]+", False), (_RE_GPT2, True), (r"\p{N}+", False),
+                (r"[0-9][0-9][0-9]", False)),
+    "llama3": ((_RE_LLAMA3, True),),
+    "gpt2": ((_RE_GPT2, True),),
+    "starcoder": ((r"\p{N}", False), (_RE_GPT2, True)),
+    "qwen2": ((_RE_QWEN2, True),),
+    "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", False), (_RE_GPT2, True), (r"[0-9][0-9][0-9]", False)),
+}
+
+
+@dataclass(frozen=True)
+class _PreType:
+    """What a ``tokenizer.ggml.pre`` name means to llama.cpp (llama_vocab::impl::load)."""
+
+    regexes: str  # key of _PRE_REGEXES
+    ignore_merges: bool = False  # a word that is a whole token is emitted as is
+    add_bos: bool = False  # default of add_bos when the GGUF does not say
+    no_bos: bool = False  # the default BOS id is "none"
+
+
+def _pre_types() -> dict[str, _PreType]:
+    table: dict[str, _PreType] = {"": _PreType("default"), "default": _PreType("default")}
+    groups: list[tuple[tuple[str, ...], _PreType]] = [
+        (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+          "jina-v5-nano"), _PreType("llama3", ignore_merges=True, add_bos=True)),
+        (("dbrx", "smaug-bpe"), _PreType("llama3")),
+        (("chatglm-bpe",), _PreType("llama3", no_bos=True)),
+        (("glm4", "glm5"), _PreType("llama3", ignore_merges=True, no_bos=True)),
+        (("falcon",), _PreType("falcon")),
+        (("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
+          "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais",
+          "exaone4", "trillion", "granite-docling"), _PreType("gpt2")),
+        (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b",
+          "mellum2"), _PreType("starcoder")),
+        (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "stablelm2", "megrez", "hunyuan",
+          "solar-open", "grok-2"), _PreType("qwen2")),
+    ]
+    for names, pre in groups:
+        table.update(dict.fromkeys(names, pre))
+    return table
+
+
+_PRE_TYPES = _pre_types()
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(pattern: str) -> regex.Pattern[str]:
+    return regex.compile(pattern)
+
+
+class _PreTokenizer:
+    """Splits text into words: each regex in turn splits every piece the previous one left.
+
+    Text between two matches of a (partial) regex becomes a piece of its own, as in llama.cpp.
+    """
+
+    def __init__(self, steps: Sequence[tuple[str, bool]]) -> None:
+        # A partial regex runs through ``split`` with one capture group: gaps and matches alternate.
+        self._steps = [(_compile(p if total else f"({p})"), total) for p, total in steps]
+
+    def split(self, text: str) -> list[str]:
+        probe = _as_unicode_15_1(text)
+        steps = self._steps
+        if len(steps) == 1 and steps[0][1]:
+            pieces = steps[0][0].findall(probe)
+        else:
+            pieces = [probe]
+            for pattern, total in steps:
+                if total:
+                    pieces = [w for piece in pieces for w in pattern.findall(piece)]
+                else:
+                    pieces = [w for piece in pieces for w in pattern.split(piece) if w]
+        if probe is not text:  # same lengths: cut the original text the same way
+            out, pos = [], 0
+            for piece in pieces:
+                out.append(text[pos:pos + len(piece)])
+                pos += len(piece)
+            pieces = out
+        return pieces
+
+
+# ---------------------------------------------------------------------- byte-level (GPT-2) map
+def _byte_to_unicode() -> list[str]:
+    """GPT-2's map from a byte to a printable character (unicode_byte_to_utf8_map)."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + n)
+            n += 1
+    return [table[b] for b in range(256)]
+
+
+_BYTE_TO_UNICODE = _byte_to_unicode()
+_UNICODE_TO_BYTE = {c: b for b, c in enumerate(_BYTE_TO_UNICODE)}
+_LATIN1_TO_BYTE_CHAR = {b: c for b, c in enumerate(_BYTE_TO_UNICODE)}  # for str.translate
+
+
+# ------------------------------------------------------------------------------ the algorithms
+class _SpmModel:
+    """llama.cpp's ``llm_tokenizer_spm``: merge the best-scoring adjacent pair that is a token."""
+
+    def __init__(self, token_to_id: dict[str, int], scores: Sequence[float],
+                 byte_ids: Sequence[int | None]) -> None:
+        self._token_to_id = token_to_id
+        self._scores = scores
+        self._byte_ids = byte_ids
+
+    def tokenize(self, text: str, out: list[int]) -> None:
+        """Append the ids of ``text`` (spaces already escaped as ``▁``) to ``out``."""
+        syms = list(text)
+        n = len(syms)
+        if n == 0:
+            return
+        t2i = self._token_to_id
+        scores = self._scores
+        heap: list[tuple[float, int, int, int]] = []
+        for i in range(n - 1):
+            tid = t2i.get(syms[i] + syms[i + 1])
+            if tid is not None:
+                heap.append((-scores[tid], i, i + 1, 2))
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prv = list(range(-1, n - 1))
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
+        while heap:
+            _, left, right, size = pop(heap)
+            a, b = syms[left], syms[right]
+            # A bigram is stale once either side grew or was merged away.
+            if not a or not b or len(a) + len(b) != size:
+                continue
+            ab = a + b
+            syms[left] = ab
+            syms[right] = ""
+            after = nxt[right]
+            nxt[left] = after
+            before = prv[left]
+            if after >= 0:
+                prv[after] = left
+            if before >= 0:
+                c = syms[before]
+                tid = t2i.get(c + ab)
+                if tid is not None:
+                    push(heap, (-scores[tid], before, left, len(c) + len(ab)))
+            if after >= 0:
+                c = syms[after]
+                tid = t2i.get(ab + c)
+                if tid is not None:
+                    push(heap, (-scores[tid], left, after, len(ab) + len(c)))
+        i = 0
+        while i != -1:
+            sym = syms[i]
+            tid = t2i.get(sym)
+            if tid is not None:
+                out.append(tid)
+            else:
+                out.extend(self._byte_token(b, sym) for b in sym.encode("utf-8"))
+            i = nxt[i]
+
+    def _byte_token(self, byte: int, sym: str) -> int:
+        tid = self._byte_ids[byte]
+        if tid is None:  # llama.cpp aborts here (unordered_map::at)
+            raise InvalidRequest(f"cannot tokenize {sym!r}: the vocabulary has no token for byte 0x{byte:02X}")
+        return tid
+
+
+class _BpeModel:
+    """llama.cpp's ``llm_tokenizer_bpe``: pre-tokenize, byte-map, merge the lowest-rank pair."""
+
+    _CACHE_LIMIT = 200_000
+
+    def __init__(self, token_to_id: dict[str, int], merges: Sequence[str],
+                 pre: _PreType) -> None:
+        self._token_to_id = token_to_id
+        self._ranks = _merge_ranks(merges)
+        self._pre = _PreTokenizer(_PRE_REGEXES[pre.regexes])
+        self._ignore_merges = pre.ignore_merges
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    def tokenize(self, text: str, out: list[int]) -> None:
+        """Append the ids of ``text`` (a fragment free of special tokens) to ``out``."""
+        cache = self._cache
+        if len(cache) > self._CACHE_LIMIT:
+            cache.clear()
+        for word in self._pre.split(text):
+            ids = cache.get(word)
+            if ids is None:
+                ids = cache[word] = self._word(word)
+            out.extend(ids)
+
+    def _word(self, word: str) -> tuple[int, ...]:
+        mapped = word.encode("utf-8").decode("latin-1").translate(_LATIN1_TO_BYTE_CHAR)
+        t2i = self._token_to_id
+        if self._ignore_merges:
+            tid = t2i.get(mapped)
+            if tid is not None:
+                return (tid,)
+        ids: list[int] = []
+        for sym in self._merge(mapped):
+            tid = t2i.get(sym)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            # llama.cpp looks each UTF-8 byte of the mapped symbol up as a one-byte token.
+            for byte in sym.encode("utf-8"):
+                tid = t2i.get(bytes((byte,)).decode("utf-8", "surrogateescape"))
+                if tid is not None:
+                    ids.append(tid)
+        return tuple(ids)
+
+    def _merge(self, word: str) -> list[str]:
+        syms = list(word)
+        n = len(syms)
+        if n < 2:
+            return syms
+        ranks = self._ranks
+        heap: list[tuple[int, int, int, int]] = []
+        for i in range(n - 1):
+            rank = ranks.get(syms[i] + " " + syms[i + 1])
+            if rank is not None:
+                heap.append((rank, i, i + 1, 2))
+        if not heap:
+            return syms
+        heapq.heapify(heap)
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prv = list(range(-1, n - 1))
+        pop, push = heapq.heappop, heapq.heappush
+        while heap:
+            _, left, right, size = pop(heap)
+            a, b = syms[left], syms[right]
+            if not a or not b or len(a) + len(b) != size:
+                continue  # stale: a side grew or was merged away
+            ab = a + b
+            syms[left] = ab
+            syms[right] = ""
+            after = nxt[right]
+            nxt[left] = after
+            before = prv[left]
+            if after >= 0:
+                prv[after] = left
+            if before >= 0:
+                c = syms[before]
+                rank = ranks.get(c + " " + ab)
+                if rank is not None:
+                    push(heap, (rank, before, left, len(c) + len(ab)))
+            if after >= 0:
+                c = syms[after]
+                rank = ranks.get(ab + " " + c)
+                if rank is not None:
+                    push(heap, (rank, left, after, len(ab) + len(c)))
+        return [s for s in syms if s]
+
+
+def _merge_ranks(merges: Sequence[str]) -> dict[str, int]:
+    """``"left right"`` -> rank; the first of duplicate merges wins, as std::map::emplace does."""
+    ranks: dict[str, int] = {}
+    for rank in range(len(merges) - 1, -1, -1):
+        merge = merges[rank]
+        if merge.find(" ", 1) > 0:
+            ranks[merge] = rank
+    return ranks
+
+
+# -------------------------------------------------------------------------------- the tokenizer
+# Texts that llama.cpp recognises as EOT / EOM / FIM tokens when the GGUF names none, in its order.
+_ROLE_TEXTS: dict[str, tuple[str, ...]] = {
+    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+            "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),
+    "eom": ("<|eom_id|>",),
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~["})
+_ALWAYS_RENDERED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+
+_ID_KEYS = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "eot": "tokenizer.ggml.eot_token_id",
+    "eom": "tokenizer.ggml.eom_token_id",
+    "unk": "tokenizer.ggml.unknown_token_id",
+    "sep": "tokenizer.ggml.seperator_token_id",  # sic: llama.cpp's key name
+    "pad": "tokenizer.ggml.padding_token_id",
+    "mask": "tokenizer.ggml.mask_token_id",
+    "fim_pre": "tokenizer.ggml.fim_pre_token_id",
+    "fim_suf": "tokenizer.ggml.fim_suf_token_id",
+    "fim_mid": "tokenizer.ggml.fim_mid_token_id",
+    "fim_pad": "tokenizer.ggml.fim_pad_token_id",
+    "fim_rep": "tokenizer.ggml.fim_rep_token_id",
+    "fim_sep": "tokenizer.ggml.fim_sep_token_id",
+}
+_DEPRECATED_ID_KEYS = {
+    "fim_pre": "tokenizer.ggml.prefix_token_id",
+    "fim_suf": "tokenizer.ggml.suffix_token_id",
+    "fim_mid": "tokenizer.ggml.middle_token_id",
+}
+
+
+@dataclass
+class _Config:
+    """Everything llama.cpp derives from the GGUF header before it tokenizes anything."""
+
+    model: str
+    pre: str
+    tokens: list[str]
+    scores: list[float]
+    attrs: list[int]
+    token_to_id: dict[str, int]
+    merges: list[str]
+    ids: dict[str, int | None]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    eog_ids: set[int]
+
+
+class Tokenizer:
+    """A GGUF vocabulary that encodes and decodes exactly as llama.cpp does.
+
+    ``encode(text, add_special, parse_special)`` returns what ``llama_tokenize`` returns;
+    ``token_to_piece(id)`` what ``llama_token_to_piece(..., lstrip=0, special=False)`` writes;
+    ``decode(ids)`` the concatenated pieces as UTF-8 text. Build one with :func:`load_tokenizer`.
+    ``eog_ids`` is the set ``llama_vocab_is_eog`` accepts; ``bos_id``/``eos_id``/``eot_id`` are
+    ``None`` where the model has none (where a vocabulary holds several EOT-like tokens, llama.cpp's
+    ``eot_id`` depends on hash order; ours is the first in its list). Safe to share between threads: the
+    only mutable state is a bounded word cache and a piece cache, both plain dict/list stores.
+    """
+
+    def __init__(self, config: _Config) -> None:
+        self.model = config.model
+        self.pre = config.pre
+        self._tokens = config.tokens
+        self._attrs = config.attrs
+        self._token_to_id = config.token_to_id
+        ids = config.ids
+        self.bos_id: int | None = ids["bos"]
+        self.eos_id: int | None = ids["eos"]
+        self.eot_id: int | None = ids["eot"]
+        self.eom_id: int | None = ids["eom"]
+        self.unk_id: int | None = ids["unk"]
+        self.pad_id: int | None = ids["pad"]
+        self.add_bos = config.add_bos
+        self.add_eos = config.add_eos
+        self.add_space_prefix = config.add_space_prefix
+        self.eog_ids: frozenset[int] = frozenset(config.eog_ids)
+        self._specials = _special_order(config.tokens, config.attrs)
+        self._pieces: list[bytes | None] = [None] * len(config.tokens)
+        self._algo: _SpmModel | _BpeModel
+        if config.model == "llama":
+            self._algo = _SpmModel(config.token_to_id, config.scores, _spm_byte_ids(config.token_to_id))
+        else:
+            self._algo = _BpeModel(config.token_to_id, config.merges, _PRE_TYPES[config.pre])
+
+    # ------------------------------------------------------------------------ properties
+    @property
+    def n_vocab(self) -> int:
+        """Number of tokens; ids are ``0 .. n_vocab - 1``."""
+        return len(self._tokens)
+
+    def is_eog(self, token: int) -> bool:
+        """True for a token that ends generation (EOS, EOT, ``<|im_end|>``, ...)."""
+        return token in self.eog_ids
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry of ``token`` as stored (``▁`` / byte-mapped characters included)."""
+        return self._tokens[token]
+
+    def token_attr(self, token: int) -> TokenAttr:
+        """llama.cpp's attributes of ``token`` after its load-time fix-ups."""
+        return TokenAttr(self._attrs[token])
+
+    # ---------------------------------------------------------------------------- encode
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """Token ids of ``text``, identical to llama.cpp's ``llama_tokenize``.
+
+        ``add_special`` adds BOS/EOS where the model's ``add_bos``/``add_eos`` say so;
+        ``parse_special`` lets control tokens written in the text (``<|im_start|>``) become
+        their ids instead of being tokenized as characters (user-defined tokens always do).
+        Raises :class:`runner.api.InvalidModel` if the model wants a BOS/EOS it does not have,
+        :class:`runner.api.InvalidRequest` if an SPM vocabulary without byte tokens cannot
+        represent a character (llama.cpp aborts the process there).
+        """
+        fragments = self._partition(text, parse_special) if text else []
+        out: list[int] = []
+        if add_special and self.add_bos:
+            out.append(self._required(self.bos_id, "BOS"))
+        if isinstance(self._algo, _SpmModel):
+            self._encode_spm(fragments, out)
+        else:
+            algo = self._algo
+            for frag in fragments:
+                if isinstance(frag, str):
+                    algo.tokenize(frag, out)
+                else:
+                    out.append(frag)
+        if add_special and self.add_eos:
+            out.append(self._required(self.eos_id, "EOS"))
+        return out
+
+    def _encode_spm(self, fragments: list[str | int], out: list[int]) -> None:
+        algo = self._algo
+        assert isinstance(algo, _SpmModel)
+        prev_special = True  # the first text fragment gets the space prefix too
+        for frag in fragments:
+            if isinstance(frag, str):
+                if self.add_space_prefix and prev_special:
+                    frag = " " + frag
+                algo.tokenize(frag.replace(" ", _SPM_SPACE), out)
+                prev_special = False
+            else:
+                out.append(frag)
+                prev_special = True
+
+    @staticmethod
+    def _required(token: int | None, name: str) -> int:
+        if token is None:
+            raise InvalidModel(f"the model asks for a {name} token but has none")
+        return token
+
+    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
+        """Cut special tokens out of ``text`` (llama.cpp's tokenizer_st_partition)."""
+        frags: list[str | int] = [text]
+        attrs = self._attrs
+        for tid, tok_text in self._specials:
+            attr = attrs[tid]
+            if not parse_special and attr & (_A_CONTROL | _A_UNKNOWN):
+                continue
+            if not any(isinstance(f, str) and tok_text in f for f in frags):
+                continue
+            new: list[str | int] = []
+            for frag in frags:
+                if isinstance(frag, str) and tok_text in frag:
+                    _cut(frag, tid, tok_text, bool(attr & _A_LSTRIP), bool(attr & _A_RSTRIP), new)
+                else:
+                    new.append(frag)
+            frags = new
+        return frags
+
+    # ---------------------------------------------------------------------------- decode
+    def token_to_piece(self, token: int) -> bytes:
+        """The bytes ``token`` stands for in generated text.
+
+        Control and unknown tokens give ``b""``; user-defined tokens their text; byte tokens
+        (``<0x0A>``) the raw byte; SPM tokens have ``▁`` turned back into spaces; byte-level BPE
+        tokens are mapped back to bytes. A piece may be part of a UTF-8 sequence.
+        Raises ``IndexError`` for an id outside ``0 .. n_vocab - 1``.
+        """
+        if token < 0:
+            raise IndexError(f"token id {token} out of range")
+        piece = self._pieces[token]
+        if piece is None:
+            piece = self._pieces[token] = self._make_piece(token)
+        return piece
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The concatenated pieces of ``ids`` as text; invalid UTF-8 becomes U+FFFD."""
+        return b"".join(self.token_to_piece(t) for t in ids).decode("utf-8", errors="replace")
+
+    def _make_piece(self, token: int) -> bytes:
+        attr = self._attrs[token]
+        text = self._tokens[token]
+        if attr & (_A_UNKNOWN | _A_CONTROL):
+            return b""
+        if attr & _A_USER_DEFINED:
+            return text.encode("utf-8", "surrogateescape")
+        if attr & _A_NORMAL:
+            if self.model == "llama":
+                return text.replace(_SPM_SPACE, " ").encode("utf-8", "surrogateescape")
+            return _unmap_bytes(text)
+        if attr & _A_BYTE:
+            return bytes((int(text[3:5], 16),))
+        return b""
+
+
+def _cut(frag: str, tid: int, tok_text: str, lstrip: bool, rstrip: bool,
+         out: list[str | int]) -> None:
+    """Split ``frag`` on every occurrence of ``tok_text``; strip whitespace as LSTRIP/RSTRIP say."""
+    start = 0
+    n = len(frag)
+    while True:
+        at = frag.find(tok_text, start)
+        if at < 0:
+            if start < n:
+                out.append(frag[start:])
+            return
+        left = frag[start:at]
+        if lstrip:
+            left = left.rstrip(_C_SPACES)
+        if left:
+            out.append(left)
+        out.append(tid)
+        start = at + len(tok_text)
+        if rstrip:
+            while start < n and frag[start] in _C_SPACES:
+                start += 1
+
+
+def _unmap_bytes(text: str) -> bytes:
+    """Byte-level BPE token text -> bytes (llama_decode_text), unmappable characters marked."""
+    try:
+        return bytes(_UNICODE_TO_BYTE[c] for c in text)
+    except KeyError:
+        pass
+    out = bytearray()
+    for c in text:
+        b = _UNICODE_TO_BYTE.get(c)
+        if b is not None:
+            out.append(b)
+            continue
+        if "\udc80" <= c <= "\udcff":  # an undecodable byte in the file reads as U+FFFD
+            c = "\ufffd"
+        out += b"[UNK_BYTE_0x" + c.encode("utf-8").hex().encode() + text.encode(
+            "utf-8", "surrogateescape") + b"]"
+    return bytes(out)
+
+
+def _special_order(tokens: Sequence[str], attrs: Sequence[int]) -> list[tuple[int, str]]:
+    """Control/user-defined/unknown tokens, longest (in UTF-8 bytes) first."""
+    mask = _A_CONTROL | _A_USER_DEFINED | _A_UNKNOWN
+    special = [(i, tokens[i]) for i in range(len(tokens)) if attrs[i] & mask]
+    special.sort(key=lambda item: -len(item[1].encode("utf-8", "surrogateescape")))
+    return special
+
+
+def _spm_byte_ids(token_to_id: dict[str, int]) -> list[int | None]:
+    """byte -> id of ``<0xNN>`` (or of the one-character token, llama.cpp's fallback)."""
+    ids: list[int | None] = []
+    for b in range(256):
+        tid = token_to_id.get(f"<0x{b:02X}>")
+        if tid is None:
+            tid = token_to_id.get(bytes((b,)).decode("utf-8", "surrogateescape"))
+        ids.append(tid)
+    return ids
+
+
+# ---------------------------------------------------------------------------------- loading
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load the tokenizer of a GGUF model (or vocab-only) file.
+
+    Raises :class:`runner.api.InvalidModel` when the file is not a GGUF, has no vocabulary, or
+    uses a tokenizer other than ``llama`` (SPM) / ``gpt2`` (BPE) with a supported pre-tokenizer.
+    """
+    return Tokenizer(_configure(read_tokenizer_metadata(path), str(path)))
+
+
+def _configure(meta: dict[str, Any], where: str) -> _Config:
+    model = meta.get("tokenizer.ggml.model")
+    if model not in ("llama", "gpt2"):
+        raise InvalidModel(f"{where}: unsupported tokenizer model {model!r} (need 'llama' or 'gpt2')")
+    pre = str(meta.get("tokenizer.ggml.pre", "")) if model == "gpt2" else "default"
+    if model == "gpt2":
+        if pre not in _PRE_TYPES:
+            raise InvalidModel(f"{where}: unsupported pre-tokenizer {pre!r}")
+        if "tokenizer.ggml.merges" not in meta:
+            raise InvalidModel(f"{where}: BPE vocabulary without tokenizer.ggml.merges")
+        if not pre:
+            log.warning("%s: no tokenizer.ggml.pre; using the 'default' pre-tokenizer", where)
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise InvalidModel(f"{where}: no tokenizer.ggml.tokens")
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    n = len(tokens)
+    scores = [float(s) for s in meta.get("tokenizer.ggml.scores") or [0.0] * n][:n]
+    if len(scores) < n:
+        raise InvalidModel(f"{where}: fewer scores than tokens")
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is not None and len(types) < n:
+        raise InvalidModel(f"{where}: fewer token types than tokens")
+    attrs = ([int(_TOKEN_TYPE_ATTR.get(t, TokenAttr.UNDEFINED)) for t in types[:n]]
+             if types is not None else [_A_NORMAL] * n)
+    token_to_id = {t: i for i, t in enumerate(tokens)}  # the last of duplicates wins
+    pre_type = _PRE_TYPES.get(pre, _PreType("default"))
+
+    ids = _special_ids(meta, model, pre_type, n)
+    if model == "llama":
+        add_space_prefix, add_bos, add_eos = True, True, False
+    else:
+        add_space_prefix, add_bos, add_eos = False, pre_type.add_bos, False
+    add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", add_space_prefix))
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", add_eos))
+
+    eog = _detect_special_tokens(tokens, attrs, token_to_id, ids)
+    _model_attr_fixups(meta, pre, tokens, attrs, token_to_id)
+    return _Config(model=model, pre=pre, tokens=tokens, scores=scores, attrs=attrs,
+                   token_to_id=token_to_id, merges=list(meta.get("tokenizer.ggml.merges") or []),
+                   ids=ids, add_bos=add_bos, add_eos=add_eos,
+                   add_space_prefix=add_space_prefix, eog_ids=eog)
+
+
+def _special_ids(meta: dict[str, Any], model: str, pre: _PreType, n: int) -> dict[str, int | None]:
+    """BOS/EOS/... ids: llama.cpp's defaults per model type, then the GGUF's keys when in range."""
+    ids: dict[str, int | None] = dict.fromkeys(_ID_KEYS)
+    if model == "llama":
+        ids.update(bos=1, eos=2, unk=0)
+    else:
+        ids.update(bos=None if pre.no_bos else 11, eos=11)
+    for name in ids:
+        if ids[name] is not None and ids[name] >= n:  # type: ignore[operator]
+            ids[name] = None
+    for name, key in [*_ID_KEYS.items(), *_DEPRECATED_ID_KEYS.items()]:
+        value = meta.get(key)
+        if value is None:
+            continue
+        value = int(value) & 0xFFFFFFFF  # read as uint32
+        if value < n:
+            ids[name] = value
+        else:
+            log.debug("bad special token %s = %d (vocab has %d); using %s", key, value, n, ids[name])
+    return ids
+
+
+def _detect_special_tokens(tokens: list[str], attrs: list[int], token_to_id: dict[str, int],
+                           ids: dict[str, int | None]) -> set[int]:
+    """Find EOT/EOM/FIM tokens by their text, mark them control, and build the EOG set.
+
+    llama.cpp takes the first candidate its unordered map yields, so with two candidates (say
+    ``<|endoftext|>`` and ``<|im_end|>``) its ``eot_id`` depends on hash order; we take the
+    first in its list order. Nothing else depends on that choice: every candidate is EOG.
+    """
+    for role, texts in _ROLE_TEXTS.items():
+        if ids[role] is not None:
+            continue
+        for text in texts:
+            tid = token_to_id.get(text)
+            if tid is not None:
+                ids[role] = tid
+                attrs[tid] |= _A_CONTROL
+                break
+    for text, tid in token_to_id.items():
+        if attrs[tid] & _A_CONTROL and "unused" in text:
+            attrs[tid] |= _A_UNUSED
+
+    eog: set[int] = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep") if ids[r] is not None}  # type: ignore[misc]
+    for text, tid in token_to_id.items():
+        if text in _EOG_TEXTS:
+            eog.add(tid)
+            attrs[tid] |= _A_CONTROL
+    for text in _ALWAYS_RENDERED & token_to_id.keys():
+        attrs[token_to_id[text]] = _A_USER_DEFINED
+    eog.update(ids[r] for r in ("eos", "eot", "eom") if ids[r] is not None)  # type: ignore[misc]
+
+    texts = {tokens[t]: t for t in eog if 0 <= t < len(tokens)}
+    has_call = "<|call|>" in texts or "<|calls|>" in texts
+    if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+        eog.discard(texts["<|end|>"])
+        attrs[texts["<|end|>"]] = _A_USER_DEFINED
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        eog.discard(texts["</s>"])
+        attrs[texts["</s>"]] = _A_NORMAL
+    return eog
+
+
+def _model_attr_fixups(meta: dict[str, Any], pre: str, tokens: list[str], attrs: list[int],
+                       token_to_id: dict[str, int]) -> None:
+    """Per-model LSTRIP/RSTRIP attributes llama.cpp sets by model name (they steer special-token cuts)."""
+    name = str(meta.get("general.name", "")).encode("utf-8", "surrogateescape").lower()
+    arch = str(meta.get("general.architecture", ""))
+
+    def set_attr(text: str, bit: int, on: bool) -> None:
+        tid = token_to_id.get(text)
+        if tid is not None:
+            attrs[tid] = attrs[tid] | bit if on else attrs[tid] & ~bit
+
+    if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+            s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
+        set_attr("<mask>", _A_LSTRIP, True)
+    elif b"phi-3" in name or b"phi3" in name:
+        for tid, _ in _special_order(tokens, attrs):
+            attrs[tid] |= _A_RSTRIP
+        set_attr("</s>", _A_RSTRIP, True)
+        for text in ("<unk>", "<s>", "<|endoftext|>"):
+            set_attr(text, _A_RSTRIP, False)
+    elif b"modern-bert" in name:
+        set_attr("[MASK]", _A_LSTRIP, True)

