@@ -1,0 +1,44 @@
+"""The new engine's KV cache (Ollama's ``kvcache/``).
+
+- :mod:`.cache`: the :class:`Cache` protocol, :class:`CacheConfig` and the errors;
+- :mod:`.cells`: :class:`CellTable`, the plain-Python/NumPy bookkeeping (cells, ranges, masks,
+  sliding window, copy-prefix sharing, removal with renumbering) that the tensor side applies;
+- :mod:`.wrapper`: :class:`WrapperCache`, several caches behind one (SWA + global layers).
+"""
+
+from __future__ import annotations
+
+from .cache import Batch, Cache, CacheConfig, KvCacheError, KvCacheFull, NotSupported
+from .cells import (
+    INT32_MAX,
+    CacheGeometry,
+    CellInfo,
+    CellTable,
+    ForwardPlan,
+    ShiftChunk,
+    ShiftPlan,
+    cache_geometry,
+    round_down,
+    round_up,
+)
+from .wrapper import WrapperCache
+
+__all__ = [
+    "INT32_MAX",
+    "Batch",
+    "Cache",
+    "CacheConfig",
+    "CacheGeometry",
+    "CellInfo",
+    "CellTable",
+    "ForwardPlan",
+    "KvCacheError",
+    "KvCacheFull",
+    "NotSupported",
+    "ShiftChunk",
+    "ShiftPlan",
+    "WrapperCache",
+    "cache_geometry",
+    "round_down",
+    "round_up",
+]

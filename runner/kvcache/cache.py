@@ -1,0 +1,172 @@
+"""The KV cache contract of the new engine (Ollama's ``kvcache/cache.go``).
+
+A model's attention layers talk to a :class:`Cache`: the runner calls :meth:`Cache.start_forward`
+once per batch, then each layer calls :meth:`Cache.set_layer`, :meth:`Cache.put` (this batch's
+K/V) and :meth:`Cache.get` (the history to attend to, with its mask). Between batches the runner's
+InputCache manages sequences with :meth:`Cache.copy_prefix`, :meth:`Cache.can_resume` and
+:meth:`Cache.remove`.
+
+Positions are token positions inside one sequence (0-based); sequences are small ints (the slot
+id). Tensors follow GGML's dimension order (fastest-varying first), as in Ollama:
+K and V of a batch are ``[head_dim, kv_heads, n_batch]``; the history returned by ``get`` is
+``[head_dim, kv_heads, n_history]`` and the mask ``[n_history, n_batch]`` (so, seen from NumPy
+in row-major order, ``(n_batch, n_history)``: row i = batch token i).
+
+This module is pure Python: it names the tensor/backend/context types as ``Any`` so it does not
+depend on the tensor layer (``runner.ml``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+
+__all__ = [
+    "Batch",
+    "Cache",
+    "CacheConfig",
+    "KvCacheError",
+    "KvCacheFull",
+    "NotSupported",
+]
+
+
+# --------------------------------------------------------------------------------------- errors
+class KvCacheError(Exception):
+    """Base class of the cache's errors (internal to the engine; the runner turns them into
+    reprocessing, a shorter batch, or a :class:`runner.api.PollamaError`)."""
+
+
+class KvCacheFull(KvCacheError):
+    """No free cell is left for a token of the batch (Go's ``ErrKvCacheFull``).
+
+    The runner's batch formation keeps each sequence inside its context, so this means the
+    batch was too big for what is free; nothing was written when it is raised.
+    """
+
+    MESSAGE = "could not find a kv cache slot"
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(f"{self.MESSAGE} ({detail})" if detail else self.MESSAGE)
+
+
+class NotSupported(KvCacheError):
+    """The operation cannot be done by this cache (Go's ``ErrNotSupported``): e.g. a shift on a
+    model without a shift function, or on cells shared by several sequences. The caller then
+    drops the whole sequence (``remove(seq, 0, None)``) and reprocesses its inputs."""
+
+
+# --------------------------------------------------------------------------------------- config
+@dataclass(frozen=True)
+class CacheConfig:
+    """Backend-specific layout of the cache (Go's ``ml.CacheConfig``).
+
+    - ``cache_padding``: the history range handed to attention is rounded (start down, end up) to
+      a multiple of this, and the cache size is rounded up to it (GGML: 256; default 1).
+    - ``mask_dtype``: dtype of the mask tensor, ``"f32"`` or ``"f16"`` (flash attention wants f16).
+    - ``permuted_v``: store V transposed, ``[n_cells, v_head_dim, kv_heads]``, so the non-FA
+      attention matmul needs no ``cont`` of V.
+    """
+
+    cache_padding: int = 1
+    mask_dtype: Literal["f32", "f16"] = "f32"
+    permuted_v: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cache_padding < 1:
+            raise ValueError(f"cache_padding must be >= 1, got {self.cache_padding}")
+        if self.mask_dtype not in ("f32", "f16"):
+            raise ValueError(f"mask_dtype must be 'f32' or 'f16', got {self.mask_dtype!r}")
+
+
+# ---------------------------------------------------------------------------------------- batch
+@runtime_checkable
+class Batch(Protocol):
+    """What a cache needs of a batch (Go's ``input.Batch``): one entry per token, in batch order."""
+
+    @property
+    def positions(self) -> Sequence[int]: ...
+
+    @property
+    def sequences(self) -> Sequence[int]: ...
+
+
+# ---------------------------------------------------------------------------------------- cache
+class Cache(Protocol):
+    """A KV cache shared by all layers of one model (Go's ``kvcache.Cache``)."""
+
+    def set_layer(self, layer: int) -> None:
+        """Select the layer that the next :meth:`get` / :meth:`put` act on (0-based).
+
+        Called by every attention layer before it touches the cache, in any order."""
+        ...
+
+    def get(self, ctx: Any) -> tuple[Any, Any, Any]:
+        """Return ``(k, v, mask)`` for the current layer and batch.
+
+        ``k`` is a view ``[head_dim, kv_heads, n_history]`` over the cells this batch may see
+        (``n_history`` is a multiple of ``cache_padding``); ``v`` is the same, or
+        ``[n_history, v_head_dim, kv_heads]`` when ``permuted_v``; ``mask`` is
+        ``[n_history, n_batch]`` of 0 / -inf in ``mask_dtype``. Only valid after :meth:`put` of the
+        same layer in the same forward pass (a layer's storage is allocated on its first put)."""
+        ...
+
+    def put(self, ctx: Any, k: Any, v: Any) -> None:
+        """Store this batch's keys and values for the current layer.
+
+        ``k`` is ``[head_dim, kv_heads, n_batch]``, ``v`` is ``[v_head_dim, kv_heads, n_batch]``;
+        token i goes to the cell chosen for it by :meth:`start_forward`. ``n_batch`` must equal the
+        batch given to :meth:`start_forward` (a mismatch is a programming error: ``ValueError``)."""
+        ...
+
+    def set_config(self, config: CacheConfig) -> None:
+        """Override the backend's :class:`CacheConfig` (models that need a special layout).
+
+        Must come before :meth:`init`; setting it twice raises ``RuntimeError``."""
+        ...
+
+    def init(
+        self, backend: Any, dtype: str, max_sequences: int, capacity: int, max_batch: int
+    ) -> None:
+        """Size the cache: ``max_sequences`` parallel sequences of up to ``capacity`` tokens each,
+        batches of at most ``max_batch`` tokens, K/V stored as ``dtype`` (``"f16"``, ``"q8_0"``,
+        ``"q4_0"``, ``"f32"``). Takes the :class:`CacheConfig` from the backend unless
+        :meth:`set_config` gave one. Storage is allocated lazily, per layer, on first :meth:`put`."""
+        ...
+
+    def close(self) -> None:
+        """Free all storage. The cache is unusable afterwards; calling it twice is harmless."""
+        ...
+
+    def start_forward(self, ctx: Any, batch: Batch, reserve: bool) -> None:
+        """Prepare for one forward pass over ``batch`` (called before the model's forward).
+
+        Not ``reserve``: slide SWA windows, pick a free cell for every token, record the tokens'
+        positions and sequences there, and build the mask. Raises :class:`KvCacheFull` (and
+        changes nothing) when there are not enough free cells.
+
+        ``reserve``: only shape the graph for the worst case (memory reservation): nothing is
+        recorded, tokens go to cells ``0..n-1`` and the history covers the whole cache."""
+        ...
+
+    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
+        """Make ``dst_seq`` hold exactly the entries of ``src_seq`` at positions ``[0, length)``.
+
+        Whatever ``dst_seq`` held before is dropped. Zero-copy: the cells become shared by both
+        sequences."""
+        ...
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        """Whether ``seq`` can continue by processing position ``pos`` next, keeping its entries at
+        positions ``< pos``. Always true for a full-history cache; a sliding-window cache says no
+        when the window of ``pos`` needs entries it has already dropped."""
+        ...
+
+    def remove(self, seq: int, begin: int, end: int | None) -> None:
+        """Drop ``seq``'s entries at positions ``[begin, end)``; ``end=None`` means to the end.
+
+        Entries after ``end`` move down by ``end - begin`` positions (keys re-RoPEd), so the
+        sequence stays contiguous. Raises :class:`NotSupported` when that shift is impossible
+        (no shift function, or cells shared with another sequence); the caller must then
+        ``remove(seq, 0, None)`` and reprocess. Removing to the end never shifts."""
+        ...

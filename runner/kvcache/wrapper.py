@@ -1,0 +1,106 @@
+"""A cache made of several caches (Ollama's ``kvcache/wrapper.go``).
+
+Models whose layers need different caches (gemma2/3: sliding-window layers and global layers;
+mllama: an encoder cache and a causal cache) hold one :class:`WrapperCache`. Sequence
+operations fan out to every cache; ``get``/``put`` go to the cache of the current layer type,
+chosen by the model with :meth:`WrapperCache.set_layer_type`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .cache import Batch, Cache, CacheConfig, KvCacheError
+
+__all__ = ["WrapperCache"]
+
+
+class WrapperCache:
+    """Fans the :class:`Cache` contract out to ``caches``; implements :class:`Cache` itself."""
+
+    def __init__(self, *caches: Cache) -> None:
+        """Wrap ``caches`` (at least one); layer type ``t`` selects ``caches[t]``."""
+        if not caches:
+            raise ValueError("WrapperCache needs at least one cache")
+        self.caches: tuple[Cache, ...] = caches
+        self._cur_type = 0
+
+    def set_layer_type(self, layer_type: int) -> None:
+        """Select which wrapped cache the following ``get``/``put`` use (an index into
+        ``caches``; ``IndexError`` if out of range). Reset to 0 by ``start_forward``."""
+        if not 0 <= layer_type < len(self.caches):
+            raise IndexError(f"layer type {layer_type} not in 0..{len(self.caches) - 1}")
+        self._cur_type = layer_type
+
+    @property
+    def underlying(self) -> Cache:
+        """The cache of the current layer type."""
+        return self.caches[self._cur_type]
+
+    def set_layer(self, layer: int) -> None:
+        """Set the layer on every wrapped cache."""
+        for c in self.caches:
+            c.set_layer(layer)
+
+    def get(self, ctx: Any) -> tuple[Any, Any, Any]:
+        """``get`` of the current layer type's cache."""
+        return self.underlying.get(ctx)
+
+    def put(self, ctx: Any, k: Any, v: Any) -> None:
+        """``put`` into the current layer type's cache."""
+        self.underlying.put(ctx, k, v)
+
+    def set_config(self, config: CacheConfig) -> None:
+        """Give ``config`` to every wrapped cache."""
+        for c in self.caches:
+            c.set_config(config)
+
+    def init(
+        self, backend: Any, dtype: str, max_sequences: int, capacity: int, max_batch: int
+    ) -> None:
+        """Initialise every wrapped cache with the same sizes."""
+        for c in self.caches:
+            c.init(backend, dtype, max_sequences, capacity, max_batch)
+
+    def close(self) -> None:
+        """Close every wrapped cache."""
+        for c in self.caches:
+            c.close()
+
+    def start_forward(self, ctx: Any, batch: Batch, reserve: bool) -> None:
+        """Start the forward pass on every cache, in order. If one fails, the batch's tokens are
+        removed again from the caches that had accepted it (removal to the end never fails) and
+        the error is re-raised, so the caches stay consistent."""
+        for i, c in enumerate(self.caches):
+            try:
+                c.start_forward(ctx, batch, reserve)
+            except Exception:
+                if not reserve:
+                    _unwind(self.caches[:i], batch.positions, batch.sequences)
+                raise
+        self._cur_type = 0
+
+    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
+        """``copy_prefix`` on every wrapped cache."""
+        for c in self.caches:
+            c.copy_prefix(src_seq, dst_seq, length)
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        """True only if every wrapped cache can resume ``seq`` at ``pos``."""
+        return all(c.can_resume(seq, pos) for c in self.caches)
+
+    def remove(self, seq: int, begin: int, end: int | None) -> None:
+        """``remove`` on every wrapped cache; stops at the first error (the caller then removes
+        the whole sequence, which cannot fail)."""
+        for c in self.caches:
+            c.remove(seq, begin, end)
+
+
+def _unwind(caches: Sequence[Cache], positions: Sequence[int], seqs: Sequence[int]) -> None:
+    """Drop each token (``seqs[i]`` from ``positions[i]`` on) from ``caches``, newest first."""
+    for c in reversed(caches):
+        for pos, seq in zip(positions, seqs):
+            try:
+                c.remove(seq, pos, None)
+            except KvCacheError:  # removing to the end does not shift, so should not fail
+                pass
