@@ -173,3 +173,5 @@ def show(
 
 def main() -> None:  # pragma: no cover - console entry point alias
     app()
+
+from . import server_cmds  # noqa: E402,F401  (registers serve, ps, stop on the app)

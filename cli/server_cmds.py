@@ -1,0 +1,1 @@
+"""Commands that talk to a running ``pollama serve`` (serve, ps, stop), registered on the app."""
