@@ -59,7 +59,9 @@ def is_default_name(name: str | None) -> bool:
 
 
 def looks_like_path(name: str) -> bool:
-    return name.lower().endswith(".gguf") or os.sep in name or name.startswith((".", "~"))
+    """A .gguf name, an absolute/relative/home path, or an existing file; anything else is a
+    store name (``namespace/model:tag`` has slashes too)."""
+    return name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")) or Path(name).expanduser().is_file()
 
 
 def parse_name(name: str) -> tuple[str, str, str, str]:
@@ -143,7 +145,7 @@ def resolve(name: str | None, cfg: _config.Config | None = None) -> StoredModel:
             digest="",
         )
     assert name is not None
-    if looks_like_path(name) or Path(name).is_file():
+    if looks_like_path(name):
         path = Path(name).expanduser()
         if not path.exists():
             raise ModelNotFound(f"no such file: {name}")

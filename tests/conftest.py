@@ -1,0 +1,62 @@
+"""Shared fixtures: the real test models (DESIGN.md § Models) and runner loading per engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+import runner
+from runner import config
+from runner.api import Options
+from runner.store import default_model_path
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+if not SHARED.is_dir():  # CI clones main with shared/ beside it; a checkout may have it inside
+    SHARED = Path(__file__).resolve().parents[1] / "shared"
+MODELS = SHARED / "models"
+STORIES = MODELS / "stories260K.gguf"
+TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"
+SMOLLM2 = default_model_path()
+
+# Engines every behaviour test runs on. The new engine joins once it runs these models.
+ENGINES = ["old"]
+
+
+def load(model: str | os.PathLike | None, engine: str = "old", *, num_parallel: int = 1,
+         multiuser: bool = False, **options):
+    """Load a real model on one engine with test-friendly options (temperature 0 unless given)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), multiuser_cache=multiuser)
+    options.setdefault("num_ctx", 2048)
+    r = runner.load(None if model is None else str(model), Options().merged(options), cfg, num_parallel=num_parallel)
+    assert r.engine == engine, f"asked for the {engine} engine, got {r.engine}"
+    return r
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    """Never touch the user's ~/.ollama or ~/.pollama."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("OLLAMA_MODELS", str(home / ".ollama" / "models"))
+    for name in ("OLLAMA_NEW_ENGINE", "OLLAMA_NUM_PARALLEL", "OLLAMA_CONTEXT_LENGTH", "OLLAMA_MULTIUSER_CACHE",
+                 "OLLAMA_HOST", "OLLAMA_KEEP_ALIVE", "OLLAMA_MAX_QUEUE", "OLLAMA_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    yield home
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> str:
+    return request.param
+
+
+def collect(chunks):
+    """(text, final chunk) of a stream."""
+    text, final = [], None
+    for chunk in chunks:
+        text.append(chunk.text)
+        if chunk.done:
+            final = chunk
+    return "".join(text), final

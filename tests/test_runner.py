@@ -1,0 +1,198 @@
+"""The runner contract on real models, per engine: slot cache across turns, fork, context shift,
+truncation, stop sequences, num_predict, cancellation, JSON format, embeddings."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from runner.api import DoneReason, InvalidRequest, Message, Options, PromptTooLong, Request
+from tests.conftest import STORIES, TINYSTORIES, collect, load
+
+GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
+
+
+def chat(r, messages, **opts):
+    return collect(r.chat(Request(messages=messages, options=Options().merged({**GREEDY, **opts}))))
+
+
+def generate(r, prompt, raw=True, **kw):
+    opts = kw.pop("options", {})
+    return collect(r.generate(Request(prompt=prompt, raw=raw, options=Options().merged({**GREEDY, **opts}), **kw)))
+
+
+@pytest.fixture
+def smollm(engine):
+    r = load(None, engine)
+    yield r
+    r.close()
+
+
+def test_multi_turn_reuses_the_slot(smollm):
+    msgs = [Message("user", "What is the capital of France?")]
+    a1, f1 = chat(smollm, msgs, num_predict=30)
+    m1 = f1.metrics
+    assert m1.prompt_cached_count == 0 and m1.prompt_eval_count > 20
+    prompt1 = m1.prompt_eval_count
+    msgs += [Message("assistant", a1), Message("user", "And of Italy?")]
+    new_tokens = len(smollm.tokenize("<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n"))
+    a2, f2 = chat(smollm, msgs, num_predict=30)
+    m2 = f2.metrics
+    # turn 2 evaluates only what is new: the end of turn 1's answer and the new message
+    assert m2.prompt_cached_count >= prompt1 + m1.eval_count - 2
+    assert m2.prompt_eval_count <= new_tokens + 2
+    assert m2.prompt_eval_count + m2.prompt_cached_count == len(smollm.tokenize(smollm.render_chat(msgs)))
+    assert a2.strip()
+
+
+def test_exact_repeat_evaluates_one_token(smollm):
+    msgs = [Message("user", "Say one word.")]
+    _, f1 = chat(smollm, msgs, num_predict=1)
+    _, f2 = chat(smollm, msgs, num_predict=1)
+    assert f2.metrics.prompt_eval_count == 1
+    assert f2.metrics.prompt_cached_count == f1.metrics.prompt_eval_count - 1
+
+
+def test_num_predict_is_exact(smollm):
+    text, final = generate(smollm, "The history of the Roman empire", options={"num_predict": 10})
+    assert final.done_reason is DoneReason.LENGTH and final.metrics.eval_count == 10
+    assert len(final.context) == final.metrics.prompt_eval_count + 10
+
+
+def test_stop_trims_output_and_cached_history(smollm):
+    prompt = "Count from one to ten: one, two, three,"
+    full, _ = generate(smollm, prompt, options={"num_predict": 12})
+    assert " five" in full, full
+    cut, final = generate(smollm, prompt, options={"num_predict": 12, "stop": [" five"]})
+    assert final.done_reason is DoneReason.STOP
+    assert cut == full[: full.index(" five")]
+    # The slot now ends where the returned text ends: continuing from it is a pure cache hit.
+    _, again = generate(smollm, prompt + cut + " five", options={"num_predict": 1})
+    cached = again.metrics.prompt_cached_count
+    assert cached >= len(smollm.tokenize(prompt + cut)) - 1
+    assert again.metrics.prompt_eval_count <= 3
+
+
+def test_context_exhaustion_shifts(engine):
+    r = load(STORIES, engine, num_ctx=128)
+    try:
+        text, final = generate(r, "Once upon a time", options={"num_predict": 400, "temperature": 0.7, "seed": 1})
+        assert final.done_reason is DoneReason.LENGTH and final.metrics.eval_count == 400
+        assert len(text) > 400
+    finally:
+        r.close()
+
+
+def test_no_shift_stops_at_context(engine):
+    r = load(STORIES, engine, num_ctx=64)
+    try:
+        request = Request(prompt="Once upon a time", raw=True, shift=False,
+                          options=Options().merged({**GREEDY, "num_predict": 400}))
+        _, final = collect(r.generate(request))
+        assert final.done_reason is DoneReason.LENGTH and final.metrics.eval_count < 64
+    finally:
+        r.close()
+
+
+def test_truncation_on_and_off(engine):
+    r = load(STORIES, engine, num_ctx=64)
+    try:
+        long_prompt = "Once upon a time there was a little dog. " * 20
+        n = len(r.tokenize(long_prompt))
+        assert n > 64
+        _, final = generate(r, long_prompt, options={"num_predict": 4})
+        assert final.metrics.prompt_eval_count == 64  # kept num_keep + the tail that fits
+        with pytest.raises(PromptTooLong, match="exceeds the context length"):
+            generate(r, long_prompt, truncate=False, options={"num_predict": 4})
+    finally:
+        r.close()
+
+
+def test_multiuser_fork_matches_cold_evaluation(engine):
+    """With OLLAMA_MULTIUSER_CACHE and 2 slots a shared prefix is forked into the other slot;
+    the answer is token-for-token the one a cold evaluation gives."""
+    base = "Once upon a time there was a little girl named Lily. She"
+    r = load(TINYSTORIES, engine, num_parallel=2, multiuser=True, num_ctx=256)
+    try:
+        generate(r, base + " liked to play", options={"num_predict": 8})  # fills slot 0
+        prompt = base + " went to the park"
+        forked, f = generate(r, prompt, options={"num_predict": 24})
+        assert f.metrics.prompt_cached_count > 0  # the shared prefix came from the other slot
+    finally:
+        r.close()
+    cold_runner = load(TINYSTORIES, engine, num_ctx=256)
+    try:
+        cold, c = generate(cold_runner, prompt, options={"num_predict": 24})
+        assert c.metrics.prompt_cached_count == 0
+    finally:
+        cold_runner.close()
+    assert f.context == c.context and forked == cold
+
+
+def test_parallel_sequences_match_serial(engine):
+    prompts = ["Once upon a time", "The little dog", "Lily wanted to"]
+    r = load(TINYSTORIES, engine, num_parallel=3, num_ctx=256)
+    try:
+        serial = [generate(r, p, options={"num_predict": 20})[0] for p in prompts]
+        results = [None] * 3
+
+        def worker(i):
+            results[i] = generate(r, prompts[i], options={"num_predict": 20})[0]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == serial
+    finally:
+        r.close()
+
+
+def test_cancel_frees_the_slot(smollm):
+    request = Request(prompt="Write a long story about a dragon.", options=Options().merged({**GREEDY, "num_predict": 500}))
+    stream = smollm.generate(request)
+    first = next(stream)
+    assert not first.done
+    request.cancel.set()
+    rest = list(stream)
+    assert rest and rest[-1].done and rest[-1].done_reason is DoneReason.CONNECTION_CLOSED
+    assert smollm.pending() == 0
+    # closing an iterator early cancels as well
+    stream = smollm.generate(Request(prompt="Tell me a story.", options=Options().merged({**GREEDY, "num_predict": 500})))
+    next(stream)
+    stream.close()
+    _, final = generate(smollm, "Hi", options={"num_predict": 2})
+    assert final.done and smollm.pending() == 0
+
+
+def test_format_json(smollm):
+    request = Request(messages=[Message("user", "Give me a JSON object describing a cat with a name and an age.")],
+                      format="json", options=Options().merged({**GREEDY, "num_predict": 80}))
+    text, final = collect(smollm.chat(request))
+    assert final.done_reason is DoneReason.STOP, text
+    assert isinstance(json.loads(text), dict)
+
+
+def test_bad_input(smollm):
+    with pytest.raises(InvalidRequest):
+        smollm.generate(Request(prompt="", raw=True))
+    with pytest.raises(InvalidRequest):
+        Options().merged({"nonsense": 1})
+    with pytest.raises(InvalidRequest):
+        Options().merged({"temperature": "hot"})
+
+
+def test_embeddings_are_normalised(smollm):
+    out = smollm.embed(["The cat sat on the mat.", "A dog barked.", "The cat sat on the mat."])
+    import numpy as np
+
+    vecs = np.array(out.vectors)
+    assert vecs.shape == (3, smollm.info.embedding_length)
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
+    assert np.allclose(vecs[0], vecs[2], atol=1e-5) and not np.allclose(vecs[0], vecs[1])
+    # generation still works after an embedding batch
+    _, final = generate(smollm, "Hello", options={"num_predict": 3})
+    assert final.metrics.eval_count == 3
