@@ -1,0 +1,319 @@
+"""The causal KV cache, tensor side (Ollama's ``kvcache/causal.go``).
+
+:class:`CellTable` (``cells.py``) decides where tokens go and what each batch may see; this class
+applies its plans to GGML storage:
+
+- per layer, K and V storage ``[head_dim, kv_heads, n_cells]`` in the cache dtype (f16 by
+  default), allocated on the layer's first :meth:`CausalCache.put`; with ``permuted_v`` (the
+  non-flash-attention layout) V is stored transposed, ``[n_cells, v_head_dim, kv_heads]``, so
+  attention multiplies by it without a copy;
+- :meth:`~CausalCache.put`: ``set_rows`` scatter of the batch's K/V into the cells chosen by the
+  plan (``locs``), so no contiguous free block is needed (permuted V: one element per row);
+- :meth:`~CausalCache.get`: views over the plan's cell range ``[start, start+length)`` plus the
+  mask (an input of the graph, ``[length, n_batch]``);
+- :meth:`~CausalCache.remove`: the table renumbers the later cells; here their keys are
+  re-rotated by the model's ``shift`` function (RoPE by the position delta), one graph per chunk
+  of at most ``max_batch`` cells.
+
+Graph reuse: the inputs this cache adds to a graph (cell indices and mask) are *named* inputs,
+so a graph built once for a shape (:meth:`graph_key`) can run again with the data of a later
+batch (:meth:`graph_inputs`). That keeps decoding from rebuilding the graph every token.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+from .cache import Batch, CacheConfig, KvCacheError, NotSupported
+from .cells import CellTable, ForwardPlan, ShiftPlan, cache_geometry
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CausalCache", "ShiftFn"]
+
+#: ``shift(ctx, layer, key, delta) -> key'``: re-apply RoPE to ``key [head_dim, kv_heads, n]``
+#: (a view of the storage, bound to ``ctx``) for per-cell position deltas ``delta`` (i32 ``[n]``).
+ShiftFn = Callable[[Any, int, Any, Any], Any]
+
+_KV_DTYPES = ("f16", "f32", "q8_0", "q4_0")
+_instance_counter = 0
+
+
+def _next_prefix() -> str:
+    global _instance_counter
+    _instance_counter += 1
+    return f"kv{_instance_counter}"
+
+
+class CausalCache:
+    """A causal (optionally sliding-window or chunked) KV cache over GGML storage.
+
+    Implements ``runner.kvcache.cache.Cache``."""
+
+    def __init__(
+        self,
+        shift: ShiftFn | None = None,
+        *,
+        swa_window: int = 0,
+        swa_memory: int = 0,
+        chunk_size: int = 0,
+    ) -> None:
+        """``shift`` is the model's RoPE re-application (``None``: context shift unsupported,
+        :meth:`remove` in the middle raises :class:`NotSupported`). ``swa_window`` > 0 makes a
+        sliding-window cache (``swa_memory``: how much history to keep, default the window);
+        ``chunk_size`` > 0 chunked attention."""
+        self.shift_fn = shift
+        self.swa_window = swa_window
+        self.swa_memory = swa_memory
+        self.chunk_size = chunk_size
+        self.config: CacheConfig | None = None
+        self._config_set = False
+        self.backend: Any = None
+        self.dtype = "f16"
+        self.table: CellTable | None = None
+        self.max_batch = 0
+        self.max_sequences = 0
+        self.capacity = 0
+        self.layer = 0
+        self._prefix = _next_prefix()
+        self._storage: dict[int, Any] = {}  # layer -> Storage with "k" and "v"
+        self._keys: dict[int, Any] = {}
+        self._values: dict[int, Any] = {}
+        self._plan: ForwardPlan | None = None
+        self._generation = 0  # bumped when storage is freed: graphs built before must not run
+
+    # ----------------------------------------------------------------------------- configuration
+    def set_config(self, config: CacheConfig) -> None:
+        """See ``Cache.set_config``."""
+        if self._config_set:
+            raise RuntimeError("cache config set twice")
+        self.config = config
+        self._config_set = True
+
+    def init(self, backend: Any, dtype: str, max_sequences: int, capacity: int, max_batch: int) -> None:
+        """See ``Cache.init``. ``dtype`` ``q8_0``/``q4_0`` needs flash attention (the non-FA
+        path reads V through a transpose, which GGML cannot do on quantized rows)."""
+        if dtype not in _KV_DTYPES:
+            raise ValueError(f"unsupported KV cache type {dtype!r} (one of {', '.join(_KV_DTYPES)})")
+        if self.config is None:
+            self.config = backend.cache_config()
+        if dtype not in ("f16", "f32") and not getattr(backend, "flash_attention", False):
+            log.warning("KV cache type %s needs flash attention; using f16", dtype)
+            dtype = "f16"
+        self.backend = backend
+        self.dtype = dtype
+        self.max_batch = max_batch
+        self.max_sequences = max_sequences
+        self.capacity = capacity
+        geo = cache_geometry(
+            max_sequences,
+            capacity,
+            max_batch,
+            padding=self.config.cache_padding,
+            swa_window=self.swa_window,
+            swa_memory=self.swa_memory,
+        )
+        self.table = CellTable(
+            geo.size,
+            padding=self.config.cache_padding,
+            swa_window=geo.swa_window or 0,
+            swa_memory=geo.swa_memory or 0,
+            chunk_size=self.chunk_size,
+        )
+
+    @property
+    def size(self) -> int:
+        """Number of cells."""
+        return self._table().size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K/V storage allocated so far."""
+        return sum(s.nbytes for s in self._storage.values())
+
+    def close(self) -> None:
+        """See ``Cache.close``."""
+        for s in self._storage.values():
+            s.close()
+        self._generation += 1
+        self._storage.clear()
+        self._keys.clear()
+        self._values.clear()
+        self._plan = None
+
+    def _table(self) -> CellTable:
+        if self.table is None:
+            raise RuntimeError("cache used before init()")
+        return self.table
+
+    # ------------------------------------------------------------------------------ forward pass
+    def set_layer(self, layer: int) -> None:
+        """See ``Cache.set_layer``."""
+        self.layer = layer
+
+    def start_forward(self, ctx: Any, batch: Batch, reserve: bool) -> None:
+        """See ``Cache.start_forward``. ``ctx`` is not used here: the locations and mask become
+        graph inputs when a layer first calls :meth:`put`/:meth:`get` in a graph."""
+        self._plan = self._table().start_forward(batch.positions, batch.sequences, reserve=reserve)
+
+    @property
+    def plan(self) -> ForwardPlan:
+        if self._plan is None:
+            raise RuntimeError("put/get before start_forward")
+        return self._plan
+
+    def graph_key(self) -> tuple[int, int, int, int]:
+        """What a graph built for the current batch depends on: ``(storage generation, start,
+        length, n_batch)``. Two batches with equal keys can share one graph (only input data
+        differ); a graph built before :meth:`close` never matches again."""
+        p = self.plan
+        return (self._generation, p.start, p.length, p.n_batch)
+
+    def graph_inputs(self) -> dict[str, np.ndarray]:
+        """The current batch's data for this cache's graph inputs (by name)."""
+        p = self.plan
+        inputs = {f"{self._prefix}.locs": p.locs_array, f"{self._prefix}.mask": p.mask}
+        if self.config is not None and self.config.permuted_v:
+            for width in {v.dim(1) * v.dim(2) for v in self._values.values()}:
+                inputs[f"{self._prefix}.vlocs{width}"] = self._element_locs(width)
+        return inputs
+
+    def _element_locs(self, width: int) -> np.ndarray:
+        """For permuted V: the flat index of every element of this batch's V rows. Storage
+        ``[n_cells, v_head_dim, kv_heads]`` seen as ``[1, n]``: element ``e`` of the V vector of
+        the token stored in cell ``c`` lives at ``e * n_cells + c``."""
+        locs = self.plan.locs_array.astype(np.int64)
+        return (np.arange(width, dtype=np.int64)[None, :] * self.size + locs[:, None]).ravel()
+
+    def _locs(self, ctx: Any) -> Any:
+        return ctx.input(f"{self._prefix}.locs", self.plan.locs_array)
+
+    def _mask(self, ctx: Any) -> Any:
+        assert self.config is not None
+        return ctx.input(f"{self._prefix}.mask", self.plan.mask, dtype=self.config.mask_dtype)
+
+    def put(self, ctx: Any, k: Any, v: Any) -> None:
+        """See ``Cache.put``: ``k [head_dim, kv_heads, n_batch]``, ``v [v_head_dim, kv_heads,
+        n_batch]``, scattered into the planned cells with ``set_rows``."""
+        head_dim, kv_heads, n_batch = k.dim(0), k.dim(1), k.dim(2)
+        v_head_dim = v.dim(0)
+        if n_batch != self.plan.n_batch or v.dim(2) != n_batch:
+            raise ValueError(
+                f"inconsistent batch sizes (layer {self.layer}: put {n_batch}, "
+                f"batch {self.plan.n_batch})"
+            )
+        keys, values = self._layer_storage(head_dim, v_head_dim, kv_heads)
+        locs = self._locs(ctx)
+        n_cells = self.size
+        ctx.forward(
+            keys.on(ctx)
+            .reshape(head_dim * kv_heads, n_cells)
+            .set_rows(k.reshape(head_dim * kv_heads, n_batch), locs)
+        )
+        width = v_head_dim * kv_heads
+        if self.config is not None and self.config.permuted_v:
+            # one "row" per element: V lands transposed, [n_cells, v_head_dim, kv_heads]
+            vlocs = ctx.input(f"{self._prefix}.vlocs{width}", self._element_locs(width))
+            ctx.forward(
+                values.on(ctx).reshape(1, width * n_cells).set_rows(v.reshape(1, width * n_batch), vlocs)
+            )
+        else:
+            ctx.forward(values.on(ctx).reshape(width, n_cells).set_rows(v.reshape(width, n_batch), locs))
+
+    def get(self, ctx: Any) -> tuple[Any, Any, Any]:
+        """See ``Cache.get``: views ``[head_dim, kv_heads, length]`` of K and V (permuted V:
+        ``[length, v_head_dim, kv_heads]``) over the plan's cell range, and the mask
+        ``[length, n_batch]``."""
+        keys = self._keys.get(self.layer)
+        values = self._values.get(self.layer)
+        if keys is None or values is None:
+            raise RuntimeError(f"get before put on layer {self.layer}")
+        p = self.plan
+        k = keys.on(ctx).view(
+            keys.stride(2) * p.start, (keys.dim(0), keys.dim(1), p.length), (keys.stride(1), keys.stride(2))
+        )
+        if self.config is not None and self.config.permuted_v:  # [n_cells, v_head_dim, kv_heads]
+            v = values.on(ctx).view(
+                values.stride(0) * p.start,
+                (p.length, values.dim(1), values.dim(2)),
+                (values.stride(1), values.stride(2)),
+            )
+        else:
+            v = values.on(ctx).view(
+                values.stride(2) * p.start,
+                (values.dim(0), values.dim(1), p.length),
+                (values.stride(1), values.stride(2)),
+            )
+        return k, v, self._mask(ctx)
+
+    def _layer_storage(self, head_dim: int, v_head_dim: int, kv_heads: int) -> tuple[Any, Any]:
+        keys = self._keys.get(self.layer)
+        if keys is None:
+            n = self.size
+            permuted = self.config is not None and self.config.permuted_v
+            v_shape = (n, v_head_dim, kv_heads) if permuted else (v_head_dim, kv_heads, n)
+            storage = self.backend.new_storage(
+                [
+                    (f"cache_k_l{self.layer}", self.dtype, (head_dim, kv_heads, n)),
+                    (f"cache_v_l{self.layer}", self.dtype, v_shape),
+                ]
+            )
+            self._storage[self.layer] = storage
+            keys = self._keys[self.layer] = storage.tensors[f"cache_k_l{self.layer}"]
+            self._values[self.layer] = storage.tensors[f"cache_v_l{self.layer}"]
+        elif keys.dim(0) != head_dim or keys.dim(1) != kv_heads:
+            raise ValueError(f"layer {self.layer}: K shape changed from {keys.shape}")
+        return keys, self._values[self.layer]
+
+    def layer_tensors(self, layer: int) -> tuple[Any, Any] | None:
+        """``(keys, values)`` storage of ``layer`` (``None`` before its first put); for tests."""
+        k = self._keys.get(layer)
+        return None if k is None else (k, self._values[layer])
+
+    # ------------------------------------------------------------------------------- sequences
+    def copy_prefix(self, src_seq: int, dst_seq: int, length: int) -> None:
+        """See ``Cache.copy_prefix`` (shares cells; no data moves)."""
+        self._table().copy_prefix(src_seq, dst_seq, length)
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        """See ``Cache.can_resume``."""
+        return self._table().can_resume(seq, pos)
+
+    def remove(self, seq: int, begin: int, end: int | None) -> None:
+        """See ``Cache.remove``: the later cells' keys are re-RoPEd by ``begin - end``."""
+        plan = self._table().remove(seq, begin, end)
+        if not plan:
+            return
+        if self.shift_fn is None:
+            raise NotSupported("the model cannot shift its cache (no shift function)")
+        self._shift(plan)
+
+    def _shift(self, plan: ShiftPlan) -> None:
+        """Re-rotate the keys of ``plan.cells`` in every allocated layer."""
+        if not self._keys:
+            return
+        assert self.shift_fn is not None
+        for chunk in plan.chunks(max(1, self.max_batch)):
+            ctx = self.backend.new_context()
+            try:
+                n = len(chunk.offsets)
+                delta = ctx.input(f"{self._prefix}.shift", chunk.offsets)
+                for layer, keys in self._keys.items():
+                    view = keys.on(ctx).view(
+                        keys.stride(2) * chunk.start,
+                        (keys.dim(0), keys.dim(1), n),
+                        (keys.stride(1), keys.stride(2)),
+                    )
+                    src = view if self.dtype in ("f16", "f32") else view.cast("f32")
+                    rotated = self.shift_fn(ctx, layer, src, delta)
+                    if rotated is None:
+                        raise NotSupported("the model cannot shift its cache")
+                    ctx.forward(rotated.copy(view))
+                ctx.compute()
+            except KvCacheError:
+                raise
+            finally:
+                ctx.close()

@@ -1,0 +1,8 @@
+"""The tensor layer: a small Backend/Context/Tensor contract (:mod:`.backend`) and its GGML
+implementation (:mod:`.ggml`)."""
+
+from __future__ import annotations
+
+from .backend import Backend, BackendOptions, Context, Tensor
+
+__all__ = ["Backend", "BackendOptions", "Context", "Tensor"]

@@ -1,0 +1,597 @@
+"""The GGML CPU backend: tensors, compute graphs and buffers over ``bindings``.
+
+- :class:`GGMLBackend` owns the CPU backend (``ggml_backend_cpu_init``, thread count), one graph
+  allocator (``ggml_gallocr``) shared by every graph, and a lock: one graph computes at a time.
+- :class:`GraphContext` is one compute graph (a ``no_alloc`` ggml context plus a ``cgraph``):
+  ops record nodes, :meth:`GraphContext.compute` allocates the intermediates through the shared
+  allocator, uploads the named inputs and runs. A built graph can be re-run with new input data
+  (:meth:`GraphContext.set_input`), which is how decoding avoids rebuilding the graph per token.
+- :class:`Storage` holds persistent tensors (KV cache) in their own backend buffer.
+- :class:`GGMLTensor` is a handle (a ``ggml_tensor *``) plus the graph it records into (``None``
+  for weights and storage; ``t.on(ctx)`` binds such a tensor to a graph so views of it can be
+  taken there).
+
+See ``runner.ml.backend`` for the contract (shapes in GGML order, ne0 first).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from runner.kvcache.cache import CacheConfig
+from runner.ml.backend import BackendOptions
+
+from . import bindings as g
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GGMLBackend", "GGMLTensor", "GraphContext", "Storage", "dtype_id", "dtype_name"]
+
+# ----------------------------------------------------------------------------------------- dtypes
+_DTYPE_IDS: dict[str, int] = {
+    "f32": g.GGML_TYPE.F32,
+    "f16": g.GGML_TYPE.F16,
+    "bf16": g.GGML_TYPE.BF16,
+    "q4_0": g.GGML_TYPE.Q4_0,
+    "q4_1": g.GGML_TYPE.Q4_1,
+    "q5_0": g.GGML_TYPE.Q5_0,
+    "q5_1": g.GGML_TYPE.Q5_1,
+    "q8_0": g.GGML_TYPE.Q8_0,
+    "q2_k": g.GGML_TYPE.Q2_K,
+    "q3_k": g.GGML_TYPE.Q3_K,
+    "q4_k": g.GGML_TYPE.Q4_K,
+    "q5_k": g.GGML_TYPE.Q5_K,
+    "q6_k": g.GGML_TYPE.Q6_K,
+    "iq4_nl": g.GGML_TYPE.IQ4_NL,
+    "i8": g.GGML_TYPE.I8,
+    "i16": g.GGML_TYPE.I16,
+    "i32": g.GGML_TYPE.I32,
+    "i64": g.GGML_TYPE.I64,
+}
+_DTYPE_NAMES: dict[int, str] = {v: k for k, v in _DTYPE_IDS.items()}
+_NUMPY_OF: dict[int, type] = {
+    g.GGML_TYPE.F32: np.float32,
+    g.GGML_TYPE.F16: np.float16,
+    g.GGML_TYPE.I32: np.int32,
+    g.GGML_TYPE.I64: np.int64,
+    g.GGML_TYPE.I16: np.int16,
+    g.GGML_TYPE.I8: np.int8,
+}
+_DTYPE_OF_NUMPY: dict[np.dtype, int] = {np.dtype(v): k for k, v in _NUMPY_OF.items()}
+
+
+def dtype_id(name: str) -> int:
+    """GGML type enum of ``name`` (``ValueError`` for an unknown name)."""
+    try:
+        return _DTYPE_IDS[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}") from None
+
+
+def dtype_name(type_id: int) -> str:
+    """Lower-case name of a GGML type enum (GGML's own name for types we do not list)."""
+    name = _DTYPE_NAMES.get(type_id)
+    if name is None:
+        raw = g.ggml_type_name(type_id)
+        name = raw.decode().lower() if raw else f"type{type_id}"
+    return name
+
+
+# ----------------------------------------------------------------------------------------- tensor
+class GGMLTensor:
+    """A ``ggml_tensor *`` and the graph (``ctx``) its ops record into (``None``: not in a graph)."""
+
+    __slots__ = ("ptr", "ctx")
+
+    def __init__(self, ptr: int, ctx: GraphContext | None) -> None:
+        if not ptr:
+            raise MemoryError("GGML returned a NULL tensor (graph context full?)")
+        self.ptr = ptr
+        self.ctx = ctx
+
+    # --- metadata -------------------------------------------------------------------------------
+    @property
+    def _s(self) -> g.ggml_tensor:
+        return g.ggml_tensor.from_address(self.ptr)
+
+    @property
+    def ne(self) -> tuple[int, int, int, int]:
+        """All four dims ``(ne0, ne1, ne2, ne3)``."""
+        return tuple(self._s.ne)  # type: ignore[return-value]
+
+    @property
+    def nb(self) -> tuple[int, int, int, int]:
+        """All four strides in bytes."""
+        return tuple(self._s.nb)  # type: ignore[return-value]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        ne = self.ne
+        n = 4
+        while n > 1 and ne[n - 1] == 1:
+            n -= 1
+        return ne[:n]
+
+    @property
+    def type_id(self) -> int:
+        return self._s.type
+
+    @property
+    def dtype(self) -> str:
+        return dtype_name(self._s.type)
+
+    @property
+    def name(self) -> str:
+        return (g.ggml_get_name(self.ptr) or b"").decode()
+
+    @property
+    def nbytes(self) -> int:
+        return g.ggml_nbytes(self.ptr)
+
+    @property
+    def data_ptr(self) -> int:
+        """Address of the data (0 until allocated)."""
+        return self._s.data or 0
+
+    def dim(self, i: int) -> int:
+        return self._s.ne[i]
+
+    def stride(self, i: int) -> int:
+        return self._s.nb[i]
+
+    def is_contiguous(self) -> bool:
+        return bool(g.ggml_is_contiguous(self.ptr))
+
+    def __repr__(self) -> str:
+        return f"GGMLTensor({self.name or hex(self.ptr)}, {self.dtype}, {list(self.shape)})"
+
+    # --- graph binding --------------------------------------------------------------------------
+    def on(self, ctx: GraphContext) -> GGMLTensor:
+        """The same tensor, recording its ops into ``ctx`` (for views of weights/storage)."""
+        return GGMLTensor(self.ptr, ctx)
+
+    def _graph(self, *others: GGMLTensor | None) -> GraphContext:
+        if self.ctx is not None:
+            return self.ctx
+        for o in others:
+            if o is not None and o.ctx is not None:
+                return o.ctx
+        raise ValueError("op on tensors that belong to no graph: bind one with .on(ctx)")
+
+    def _new(self, ptr: int, ctx: GraphContext) -> GGMLTensor:
+        return GGMLTensor(ptr, ctx)
+
+    # --- checks (GGML_ASSERT would abort the process; these raise instead) ------------------------
+    def _check_broadcast(self, other: GGMLTensor, op: str) -> None:
+        if not g.ggml_can_repeat(other.ptr, self.ptr):
+            raise ValueError(f"{op}: {list(other.shape)} does not broadcast to {list(self.shape)}")
+
+    # --- elementwise ----------------------------------------------------------------------------
+    def add(self, other: GGMLTensor) -> GGMLTensor:
+        self._check_broadcast(other, "add")
+        c = self._graph(other)
+        return GGMLTensor(g.ggml_add(c.ptr, self.ptr, other.ptr), c)
+
+    def mul(self, other: GGMLTensor) -> GGMLTensor:
+        self._check_broadcast(other, "mul")
+        c = self._graph(other)
+        return GGMLTensor(g.ggml_mul(c.ptr, self.ptr, other.ptr), c)
+
+    __add__ = add
+    __mul__ = mul
+
+    def scale(self, s: float) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_scale(c.ptr, self.ptr, s), c)
+
+    def silu(self) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_silu(c.ptr, self.ptr), c)
+
+    def swiglu(self, up: GGMLTensor) -> GGMLTensor:
+        if not g.ggml_are_same_shape(self.ptr, up.ptr):
+            raise ValueError(f"swiglu: gate {list(self.shape)} and up {list(up.shape)} differ")
+        c = self._graph(up)
+        return GGMLTensor(g.ggml_swiglu_split(c.ptr, self.ptr, up.ptr), c)
+
+    # --- normalisation, matmul, attention -------------------------------------------------------
+    def rms_norm(self, eps: float) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_rms_norm(c.ptr, self.ptr, eps), c)
+
+    def mulmat(self, b: GGMLTensor) -> GGMLTensor:
+        a_ne, b_ne = self.ne, b.ne
+        if a_ne[0] != b_ne[0] or b_ne[2] % a_ne[2] or b_ne[3] % a_ne[3]:
+            raise ValueError(f"mulmat: {list(a_ne)} x {list(b_ne)} (ne0 must match, ne2/ne3 broadcast)")
+        c = self._graph(b)
+        return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, b.ptr), c)
+
+    def mulmat_f32(self, b: GGMLTensor) -> GGMLTensor:
+        """:meth:`mulmat` with f32 accumulation requested (``GGML_PREC_F32``), as llama.cpp does
+        for ``K^T Q``."""
+        out = self.mulmat(b)
+        g.ggml_prec_set_acc(out.ptr, g.GGML_PREC_F32)
+        return out
+
+    def softmax(self, mask: GGMLTensor | None, scale: float) -> GGMLTensor:
+        c = self._graph(mask)
+        return GGMLTensor(
+            g.ggml_soft_max_ext(c.ptr, self.ptr, mask.ptr if mask is not None else None, scale, 0.0), c
+        )
+
+    def rope(
+        self,
+        positions: GGMLTensor,
+        dims: int,
+        base: float,
+        *,
+        neox: bool,
+        scale: float = 1.0,
+        factors: GGMLTensor | None = None,
+        original_context: int = 0,
+    ) -> GGMLTensor:
+        c = self._graph(positions)
+        mode = g.GGML_ROPE_TYPE_NEOX if neox else g.GGML_ROPE_TYPE_NORMAL
+        return GGMLTensor(
+            g.ggml_rope_ext(
+                c.ptr,
+                self.ptr,
+                positions.ptr,
+                factors.ptr if factors is not None else None,
+                dims,
+                mode,
+                original_context,
+                base,
+                scale,
+                0.0,  # ext_factor: no YaRN
+                1.0,  # attn_factor
+                32.0,  # beta_fast (YaRN only)
+                1.0,  # beta_slow (YaRN only)
+            ),
+            c,
+        )
+
+    def flash_attention(
+        self, k: GGMLTensor, v: GGMLTensor, mask: GGMLTensor | None, scale: float
+    ) -> GGMLTensor:
+        c = self._graph(k, v, mask)
+        out = g.ggml_flash_attn_ext(
+            c.ptr, self.ptr, k.ptr, v.ptr, mask.ptr if mask is not None else None, scale, 0.0, 0.0
+        )
+        g.ggml_prec_set_acc(out, g.GGML_PREC_F32)
+        return GGMLTensor(out, c)
+
+    # --- gather / scatter / copies --------------------------------------------------------------
+    def rows(self, ids: GGMLTensor) -> GGMLTensor:
+        c = self._graph(ids)
+        return GGMLTensor(g.ggml_get_rows(c.ptr, self.ptr, ids.ptr), c)
+
+    def set_rows(self, src: GGMLTensor, ids: GGMLTensor) -> GGMLTensor:
+        c = self._graph(src, ids)
+        return GGMLTensor(g.ggml_set_rows(c.ptr, self.ptr, src.ptr, ids.ptr), c)
+
+    def copy(self, dst: GGMLTensor) -> GGMLTensor:
+        c = self._graph(dst)
+        return GGMLTensor(g.ggml_cpy(c.ptr, self.ptr, dst.ptr), c)
+
+    def cast(self, dtype: str) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_cast(c.ptr, self.ptr, dtype_id(dtype)), c)
+
+    def contiguous(self, *shape: int) -> GGMLTensor:
+        c = self._graph()
+        if not shape:
+            return GGMLTensor(g.ggml_cont(c.ptr, self.ptr), c)
+        if len(shape) == 2:
+            return GGMLTensor(g.ggml_cont_2d(c.ptr, self.ptr, shape[0], shape[1]), c)
+        if len(shape) == 3:
+            return GGMLTensor(g.ggml_cont_3d(c.ptr, self.ptr, *shape), c)
+        return GGMLTensor(g.ggml_cont(c.ptr, self.ptr), c).reshape(*shape)
+
+    # --- views ----------------------------------------------------------------------------------
+    def reshape(self, *shape: int) -> GGMLTensor:
+        c = self._graph()
+        n = len(shape)
+        if math.prod(shape) != g.ggml_nelements(self.ptr) or not g.ggml_is_contiguous(self.ptr):
+            raise ValueError(f"reshape {list(self.shape)} -> {list(shape)}: needs a contiguous tensor, same size")
+        if n == 1:
+            p = g.ggml_reshape_1d(c.ptr, self.ptr, shape[0])
+        elif n == 2:
+            p = g.ggml_reshape_2d(c.ptr, self.ptr, shape[0], shape[1])
+        elif n == 3:
+            p = g.ggml_reshape_3d(c.ptr, self.ptr, shape[0], shape[1], shape[2])
+        elif n == 4:
+            p = g.ggml_reshape_4d(c.ptr, self.ptr, *shape)
+        else:
+            raise ValueError(f"reshape to {n} dims")
+        return GGMLTensor(p, c)
+
+    def view(self, offset: int, shape: Sequence[int], strides: Sequence[int] = ()) -> GGMLTensor:
+        c = self._graph()
+        n = len(shape)
+        if not strides:
+            strides = self.nb[1:n]
+        if len(strides) != n - 1:
+            raise ValueError(f"view of {n} dims needs {n - 1} strides, got {len(strides)}")
+        if n == 1:
+            p = g.ggml_view_1d(c.ptr, self.ptr, shape[0], offset)
+        elif n == 2:
+            p = g.ggml_view_2d(c.ptr, self.ptr, shape[0], shape[1], strides[0], offset)
+        elif n == 3:
+            p = g.ggml_view_3d(c.ptr, self.ptr, *shape, *strides, offset)
+        elif n == 4:
+            p = g.ggml_view_4d(c.ptr, self.ptr, *shape, *strides, offset)
+        else:
+            raise ValueError(f"view of {n} dims")
+        return GGMLTensor(p, c)
+
+    def permute(self, *axes: int) -> GGMLTensor:
+        c = self._graph()
+        if len(axes) == 3:
+            axes = (*axes, 3)
+        return GGMLTensor(g.ggml_permute(c.ptr, self.ptr, *axes), c)
+
+    def transpose(self) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_transpose(c.ptr, self.ptr), c)
+
+    # --- data -----------------------------------------------------------------------------------
+    def numpy(self) -> np.ndarray:
+        s = self._s
+        np_type = _NUMPY_OF.get(s.type)
+        if np_type is None:
+            raise ValueError(f"cannot read a {self.dtype} tensor as NumPy")
+        if not g.ggml_is_contiguous(self.ptr):
+            raise ValueError("numpy() of a non-contiguous tensor: make it contiguous first")
+        if not s.data:
+            raise RuntimeError(f"tensor {self!r} has no data (graph not computed?)")
+        out = np.empty(tuple(reversed(self.shape)), dtype=np_type)
+        g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
+        return out.astype(np.float32) if np_type is np.float16 else out
+
+    def set_numpy(self, data: np.ndarray) -> None:
+        """Overwrite an allocated, contiguous tensor's data (same byte size)."""
+        data = np.ascontiguousarray(data)
+        if data.nbytes != self.nbytes:
+            raise ValueError(f"set_numpy: {data.nbytes} bytes for a tensor of {self.nbytes}")
+        g.ggml_backend_tensor_set(self.ptr, data.ctypes.data, 0, data.nbytes)
+
+
+# -------------------------------------------------------------------------------------- contexts
+def _new_ggml_context(n_tensors: int, graph_nodes: int = 0) -> int:
+    mem = g.ggml_tensor_overhead() * n_tensors
+    if graph_nodes:
+        mem += g.ggml_graph_overhead_custom(graph_nodes, False)
+    ctx = g.ggml_init(g.ggml_init_params(mem, None, True))
+    if not ctx:
+        raise MemoryError("ggml_init failed")
+    return ctx
+
+
+@dataclass
+class _Input:
+    tensor: GGMLTensor
+    data: np.ndarray
+
+
+class GraphContext:
+    """One compute graph. Not thread-safe: build and run it from one thread."""
+
+    def __init__(self, backend: GGMLBackend, max_nodes: int) -> None:
+        self.backend = backend
+        self.max_nodes = max_nodes
+        # tensors of a graph: nodes + views + leafs; views are not graph nodes, so allow 2x
+        self.ptr = _new_ggml_context(2 * max_nodes + 64, max_nodes)
+        self.graph = g.ggml_new_graph_custom(self.ptr, max_nodes, False)
+        self._inputs: dict[str, _Input] = {}
+        self._outputs: list[GGMLTensor] = []
+        self._closed = False
+
+    # --- inputs ---------------------------------------------------------------------------------
+    def input(self, name: str, data: np.ndarray, dtype: str | None = None) -> GGMLTensor:
+        existing = self._inputs.get(name)
+        if existing is not None:
+            return existing.tensor
+        arr = np.ascontiguousarray(data)
+        type_id = dtype_id(dtype) if dtype is not None else _DTYPE_OF_NUMPY.get(arr.dtype)
+        if type_id is None:
+            raise ValueError(f"input {name!r}: unsupported NumPy dtype {arr.dtype}")
+        np_type = _NUMPY_OF[type_id]
+        if arr.dtype != np_type:
+            arr = arr.astype(np_type)
+        ne = list(reversed(arr.shape)) or [1]
+        if len(ne) > 4:
+            raise ValueError(f"input {name!r}: at most 4 dims, got {arr.shape}")
+        ne_arr = (ctypes.c_int64 * len(ne))(*ne)
+        t = GGMLTensor(g.ggml_new_tensor(self.ptr, type_id, len(ne), ne_arr), self)
+        g.ggml_set_name(t.ptr, name.encode()[:63])
+        g.ggml_set_input(t.ptr)
+        self._inputs[name] = _Input(t, arr)
+        return t
+
+    def has_input(self, name: str) -> bool:
+        return name in self._inputs
+
+    def set_input(self, name: str, data: np.ndarray) -> None:
+        inp = self._inputs.get(name)
+        if inp is None:
+            raise KeyError(f"graph has no input {name!r}")
+        arr = np.ascontiguousarray(data, dtype=inp.data.dtype)
+        if arr.shape != inp.data.shape:
+            raise ValueError(f"input {name!r}: shape {arr.shape}, the graph was built for {inp.data.shape}")
+        inp.data = arr
+
+    def new_tensor(self, dtype: str, shape: Sequence[int]) -> GGMLTensor:
+        """An uninitialised tensor allocated with the graph (scratch)."""
+        ne = (ctypes.c_int64 * len(shape))(*shape)
+        return GGMLTensor(g.ggml_new_tensor(self.ptr, dtype_id(dtype), len(shape), ne), self)
+
+    # --- graph ----------------------------------------------------------------------------------
+    def forward(self, *tensors: GGMLTensor) -> None:
+        for t in tensors:
+            g.ggml_build_forward_expand(self.graph, t.ptr)
+
+    @property
+    def n_nodes(self) -> int:
+        return g.ggml_graph_n_nodes(self.graph)
+
+    def compute(self, *outputs: GGMLTensor) -> None:
+        for t in outputs:
+            g.ggml_set_output(t.ptr)
+            g.ggml_build_forward_expand(self.graph, t.ptr)
+            self._outputs.append(t)
+        if self.n_nodes >= self.max_nodes:
+            raise MemoryError(f"graph too large: {self.n_nodes} nodes (max {self.max_nodes})")
+        self.backend._compute(self)
+
+    def reserve(self, *outputs: GGMLTensor) -> int:
+        """Size the shared allocator for this graph without running it; returns its bytes."""
+        for t in outputs:
+            g.ggml_set_output(t.ptr)
+            g.ggml_build_forward_expand(self.graph, t.ptr)
+        return self.backend._reserve(self)
+
+    def _upload_inputs(self) -> None:
+        tensor_set = g.ggml_backend_tensor_set
+        for inp in self._inputs.values():
+            tensor_set(inp.tensor.ptr, inp.data.ctypes.data, 0, inp.data.nbytes)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            g.ggml_free(self.ptr)
+            self._inputs.clear()
+
+    def __del__(self) -> None:  # contexts are cheap to leak but not free to keep
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+@dataclass
+class Storage:
+    """Persistent tensors in one backend buffer (zero-filled)."""
+
+    tensors: dict[str, GGMLTensor]
+    ctx_ptr: int
+    buffer: int
+    nbytes: int
+    _closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            g.ggml_backend_buffer_free(self.buffer)
+            g.ggml_free(self.ctx_ptr)
+
+
+# --------------------------------------------------------------------------------------- backend
+def default_threads() -> int:
+    """Cores this process may run on (llama.cpp uses the physical cores; with SMT siblings we
+    cannot tell them apart portably, so take the affinity count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo`` in bytes (``None`` where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class GGMLBackend:
+    """The GGML CPU backend (implements ``runner.ml.backend.Backend``)."""
+
+    def __init__(self, options: BackendOptions | None = None) -> None:
+        self.options = options or BackendOptions()
+        self.num_threads = self.options.num_threads or default_threads()
+        self.flash_attention = self.options.flash_attention
+        self.ptr = g.ggml_backend_cpu_init()
+        if not self.ptr:
+            raise RuntimeError("ggml_backend_cpu_init failed")
+        g.ggml_backend_cpu_set_n_threads(self.ptr, self.num_threads)
+        self.buft = g.ggml_backend_get_default_buffer_type(self.ptr)
+        self.allocator = g.ggml_gallocr_new(self.buft)
+        self._lock = threading.Lock()
+        self._closed = False
+        log.debug("GGML CPU backend: %d threads, flash attention %s", self.num_threads, self.flash_attention)
+
+    def set_threads(self, n: int) -> None:
+        self.num_threads = n
+        g.ggml_backend_cpu_set_n_threads(self.ptr, n)
+
+    def new_context(self, max_nodes: int | None = None) -> GraphContext:
+        return GraphContext(self, max_nodes or self.options.max_graph_nodes)
+
+    def new_storage(self, specs: Iterable[tuple[str, str, Sequence[int]]]) -> Storage:
+        specs = list(specs)
+        need = sum(g.ggml_row_size(dtype_id(dt), int(shape[0])) * int(np.prod(shape[1:])) for _, dt, shape in specs)
+        avail = available_memory()
+        if avail is not None and need > avail:
+            raise MemoryError(f"need {need / 2**20:.0f} MiB, {avail / 2**20:.0f} MiB of memory available")
+        ctx = _new_ggml_context(len(specs) + 1)
+        tensors: dict[str, GGMLTensor] = {}
+        for name, dtype, shape in specs:
+            ne = (ctypes.c_int64 * len(shape))(*shape)
+            t = GGMLTensor(g.ggml_new_tensor(ctx, dtype_id(dtype), len(shape), ne), None)
+            g.ggml_set_name(t.ptr, name.encode()[:63])
+            tensors[name] = t
+        buf = g.ggml_backend_alloc_ctx_tensors(ctx, self.ptr)
+        if not buf:
+            g.ggml_free(ctx)
+            total = sum(int(np.prod(s)) for _, _, s in specs)
+            raise MemoryError(f"cannot allocate storage for {len(specs)} tensors ({total} elements)")
+        g.ggml_backend_buffer_clear(buf, 0)
+        return Storage(tensors, ctx, buf, g.ggml_backend_buffer_get_size(buf))
+
+    def cache_config(self) -> CacheConfig:
+        """Ollama's GGML cache layout: history padded to 256 cells; flash attention wants an
+        f16 mask and V stored like K; without it the mask is f32 and V is stored transposed
+        (``permuted_v``) so ``V^T softmax(K^T Q)`` needs no copy of V."""
+        if self.flash_attention:
+            return CacheConfig(cache_padding=256, mask_dtype="f16", permuted_v=False)
+        return CacheConfig(cache_padding=256, mask_dtype="f32", permuted_v=True)
+
+    @property
+    def compute_buffer_size(self) -> int:
+        """Bytes of the shared graph allocator's buffer."""
+        return g.ggml_gallocr_get_buffer_size(self.allocator, 0)
+
+    # --- running graphs -------------------------------------------------------------------------
+    def _reserve(self, ctx: GraphContext) -> int:
+        with self._lock:
+            if not g.ggml_gallocr_reserve(self.allocator, ctx.graph):
+                raise MemoryError("cannot allocate the compute buffer for the worst-case graph")
+            return self.compute_buffer_size
+
+    def _compute(self, ctx: GraphContext) -> None:
+        with self._lock:
+            if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
+                raise MemoryError("cannot allocate the compute graph")
+            ctx._upload_inputs()
+            status = g.ggml_backend_graph_compute(self.ptr, ctx.graph)
+        if status != g.GGML_STATUS_SUCCESS:
+            raise RuntimeError(f"ggml_backend_graph_compute failed with status {status}")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            g.ggml_gallocr_free(self.allocator)
+            g.ggml_backend_free(self.ptr)

@@ -1,0 +1,217 @@
+"""LLaMA (Touvron et al. 2023): a pre-norm decoder-only transformer.
+
+    h = embed(tokens)
+    for each block:
+        h = h + Attention(RMSNorm(h))          # grouped-query attention, RoPE on q and k
+        h = h + MLP(RMSNorm(h))                # SwiGLU: down(silu(gate(x)) * up(x))
+    logits = output(RMSNorm(h))                # output tied to embed when the file has none
+
+Tensors are in GGML order (ne0 first): hidden states are ``[n_embd, n_tokens]``, a head-split
+projection ``[head_dim, n_heads, n_tokens]``. The same code serves every model that differs only
+in hyperparameters and in which optional tensors exist (biases on q/k/v/o, RoPE frequency
+factors); ``qwen2.py`` sets NeoX-style RoPE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runner.ml.ggml.backend import GGMLBackend, GraphContext
+from runner.ml.ggml.backend import GGMLTensor as Tensor
+from runner.model.gguf_weights import GGUFError, GGUFFile, Weights
+
+from . import BatchInputs, Model, attention, register
+
+__all__ = ["Llama", "LlamaConfig"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyperparameters, from the GGUF's ``{arch}.*`` keys."""
+
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    norm_eps: float
+    rope_dims: int
+    rope_base: float
+    rope_scale: float  # multiplies positions (1 / linear scaling factor)
+    rope_neox: bool  # rotate (i, i + d/2) pairs instead of (2i, 2i + 1)
+    context_length: int
+    attn_scale: float
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, weights: Weights, *, rope_neox: bool) -> LlamaConfig:
+        def req(key: str) -> int:
+            value = f.arch_get(key)
+            if value is None:
+                raise GGUFError(f"missing {f.arch}.{key}")
+            return int(value)
+
+        n_embd = req("embedding_length")
+        n_head = req("attention.head_count")
+        n_head_kv = f.arch_get("attention.head_count_kv", n_head)
+        if not isinstance(n_head_kv, int):  # per-layer array: this model needs one value
+            values = {int(x) for x in n_head_kv}
+            if len(values) != 1:
+                raise GGUFError("per-layer head_count_kv is not supported")
+            n_head_kv = values.pop()
+        head_dim = int(f.arch_get("attention.key_length", n_embd // n_head))
+        embd = weights["token_embd.weight"]
+        scaling = f.arch_get("rope.scaling.type", "none")
+        factor = float(f.arch_get("rope.scaling.factor", 0.0) or 0.0)
+        if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
+            raise GGUFError(f"rope scaling {scaling!r} is not supported")
+        attn_scale = float(f.arch_get("attention.scale", 0.0) or 0.0)
+        return cls(
+            n_vocab=embd.dim(1),
+            n_embd=n_embd,
+            n_layer=req("block_count"),
+            n_head=n_head,
+            n_head_kv=int(n_head_kv),
+            head_dim=head_dim,
+            n_ff=req("feed_forward_length"),
+            norm_eps=float(f.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_dims=int(f.arch_get("rope.dimension_count", head_dim)),
+            rope_base=float(f.arch_get("rope.freq_base", 10000.0)),
+            rope_scale=1.0 / factor if factor > 0 else 1.0,
+            rope_neox=rope_neox,
+            context_length=int(f.arch_get("context_length", 0) or 0),
+            attn_scale=attn_scale or 1.0 / math.sqrt(head_dim),
+        )
+
+
+# ----------------------------------------------------------------------------------- the blocks
+class Linear:
+    """``y = W x (+ b)``; ``W`` stored ``[n_in, n_out]`` in its file type."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        self.weight = weight
+        self.bias = bias
+
+    @classmethod
+    def load(cls, w: Weights, name: str) -> Linear:
+        return cls(w[f"{name}.weight"], w.get(f"{name}.bias"))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = self.weight.mulmat(x)
+        return y + self.bias if self.bias is not None else y
+
+
+class RMSNorm:
+    """``x / sqrt(mean(x^2) + eps) * weight``."""
+
+    def __init__(self, weight: Tensor, eps: float) -> None:
+        self.weight = weight
+        self.eps = eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.rms_norm(self.eps) * self.weight
+
+
+class Rotary:
+    """RoPE: rotate the first ``dims`` features of each head by ``pos * base^(-2i/dims)``."""
+
+    def __init__(self, c: LlamaConfig, factors: Tensor | None) -> None:
+        self.dims, self.base, self.scale, self.neox = c.rope_dims, c.rope_base, c.rope_scale, c.rope_neox
+        self.original_context = c.context_length
+        self.factors = factors
+
+    def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x.rope(
+            positions,
+            self.dims,
+            self.base,
+            neox=self.neox,
+            scale=self.scale,
+            factors=self.factors,
+            original_context=self.original_context,
+        )
+
+
+class SelfAttention:
+    """Grouped-query self-attention: ``n_head`` query heads share ``n_head_kv`` K/V heads."""
+
+    def __init__(self, w: Weights, i: int, c: LlamaConfig, rope: Rotary) -> None:
+        self.q = Linear.load(w, f"blk.{i}.attn_q")
+        self.k = Linear.load(w, f"blk.{i}.attn_k")
+        self.v = Linear.load(w, f"blk.{i}.attn_v")
+        self.o = Linear.load(w, f"blk.{i}.attn_output")
+        self.rope = rope
+        self.n_head, self.n_head_kv, self.head_dim = c.n_head, c.n_head_kv, c.head_dim
+        self.scale = c.attn_scale
+
+    def __call__(self, ctx: GraphContext, x: Tensor, positions: Tensor, cache: object, n_tokens: int) -> Tensor:
+        q = self.q(x).reshape(self.head_dim, self.n_head, n_tokens)
+        k = self.k(x).reshape(self.head_dim, self.n_head_kv, n_tokens)
+        v = self.v(x).reshape(self.head_dim, self.n_head_kv, n_tokens)
+        q = self.rope(q, positions)
+        k = self.rope(k, positions)
+        out = attention(ctx, q, k, v, cache, self.scale)  # [head_dim * n_head, n_tokens]
+        return self.o(out)
+
+
+class MLP:
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, w: Weights, i: int) -> None:
+        self.gate = Linear.load(w, f"blk.{i}.ffn_gate")
+        self.up = Linear.load(w, f"blk.{i}.ffn_up")
+        self.down = Linear.load(w, f"blk.{i}.ffn_down")
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.down(self.gate(x).swiglu(self.up(x)))
+
+
+class Block:
+    """One transformer layer: pre-norm attention and MLP, each with a residual."""
+
+    def __init__(self, w: Weights, i: int, c: LlamaConfig, rope: Rotary) -> None:
+        self.attn_norm = RMSNorm(w[f"blk.{i}.attn_norm.weight"], c.norm_eps)
+        self.attn = SelfAttention(w, i, c, rope)
+        self.ffn_norm = RMSNorm(w[f"blk.{i}.ffn_norm.weight"], c.norm_eps)
+        self.mlp = MLP(w, i)
+
+    def __call__(
+        self, ctx: GraphContext, h: Tensor, positions: Tensor, cache: object, n_tokens: int, outputs: Tensor | None
+    ) -> Tensor:
+        a = self.attn(ctx, self.attn_norm(h), positions, cache, n_tokens)
+        if outputs is not None:  # last layer: only the rows whose logits are wanted go on
+            a, h = a.rows(outputs), h.rows(outputs)
+        h = h + a
+        return h + self.mlp(self.ffn_norm(h))
+
+
+# ------------------------------------------------------------------------------------ the model
+@register
+class Llama(Model):
+    architectures = ("llama",)
+    rope_neox = False
+
+    def __init__(self, gguf: GGUFFile, weights: Weights, backend: GGMLBackend) -> None:
+        super().__init__(gguf, weights, backend)
+        c = self.config = LlamaConfig.from_gguf(gguf, weights, rope_neox=self.rope_neox)
+        self.n_vocab = c.n_vocab
+        self.rope = Rotary(c, weights.get("rope_freqs.weight"))
+        self.embed = weights["token_embd.weight"]
+        self.blocks = [Block(weights, i, c, self.rope) for i in range(c.n_layer)]
+        self.norm = RMSNorm(weights["output_norm.weight"], c.norm_eps)
+        tied = "output.weight" not in weights  # no output matrix: reuse the embedding
+        self.output = Linear(self.embed if tied else weights["output.weight"], weights.get("output.bias"))
+
+    def forward(self, ctx: GraphContext, batch: BatchInputs) -> Tensor:
+        h = self.embed.rows(batch.tokens)  # [n_embd, n_tokens]
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            self.cache.set_layer(i)
+            outputs = batch.outputs if i == last else None
+            h = block(ctx, h, batch.positions, self.cache, batch.n_tokens, outputs)
+        return self.output(self.norm(h))  # [n_vocab, n_outputs]
+
+    def shift(self, ctx: GraphContext, layer: int, key: Tensor, delta: Tensor) -> Tensor:
+        return self.rope(key, delta)

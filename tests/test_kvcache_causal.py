@@ -1,0 +1,243 @@
+"""The causal KV cache's tensor side with real GGML storage: put (set_rows scatter), get (views
+and mask), remove (RoPE re-application of the moved keys), copy_prefix sharing, graph reuse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from runner.kvcache.cache import CacheConfig, NotSupported
+from runner.kvcache.causal import CausalCache
+from runner.ml.backend import BackendOptions
+from runner.ml.ggml.backend import GGMLBackend
+
+HEAD_DIM, KV_HEADS = 8, 2
+NEG = -np.inf
+
+
+@pytest.fixture(scope="module")
+def backend() -> Any:
+    b = GGMLBackend(BackendOptions(num_threads=1, flash_attention=True))
+    yield b
+    b.close()
+
+
+def rope_shift(ctx: Any, layer: int, key: Any, delta: Any) -> Any:
+    return key.rope(delta, HEAD_DIM, 10000.0, neox=False)
+
+
+def np_rope(x: np.ndarray, delta: np.ndarray, base: float = 10000.0) -> np.ndarray:
+    """LLaMA-style RoPE of ``x (n, heads, head_dim)`` by ``delta (n,)`` (pairs 2i, 2i+1)."""
+    x = x.astype(np.float64)
+    out = x.copy()
+    d = x.shape[-1]
+    for i in range(d // 2):
+        theta = delta[:, None] * base ** (-2.0 * i / d)
+        c, s = np.cos(theta), np.sin(theta)
+        a, b = x[..., 2 * i], x[..., 2 * i + 1]
+        out[..., 2 * i] = a * c - b * s
+        out[..., 2 * i + 1] = a * s + b * c
+    return out
+
+
+class B:
+    """A minimal batch (positions + sequences)."""
+
+    def __init__(self, positions: list[int], sequences: list[int]) -> None:
+        self.positions = positions
+        self.sequences = sequences
+
+
+def make_cache(
+    backend: Any, dtype: str = "f32", shift: Any = rope_shift, cells: int = 16, seqs: int = 1, permuted: bool = False
+) -> CausalCache:
+    c = CausalCache(shift=shift)
+    c.set_config(CacheConfig(cache_padding=1, mask_dtype="f32", permuted_v=permuted))
+    c.init(backend, dtype, seqs, cells // seqs, 8)
+    return c
+
+
+def step(backend: Any, cache: CausalCache, positions: list[int], seqs: list[int], k: np.ndarray, v: np.ndarray):
+    """One forward pass that only puts K/V and gets the history: returns (k, v, mask) as NumPy
+    arrays ``(n_history, heads, head_dim)`` and ``(n_batch, n_history)``."""
+    cache.start_forward(None, B(positions, seqs), reserve=False)
+    ctx = backend.new_context()
+    try:
+        kt = ctx.input("k", k.astype(np.float32))
+        vt = ctx.input("v", v.astype(np.float32))
+        cache.set_layer(0)
+        cache.put(ctx, kt, vt)
+        hk, hv, mask = cache.get(ctx)
+        # copies, so the outputs are fresh contiguous tensors
+        outs = [hk.cast("f32"), hv.cast("f32"), mask]
+        ctx.compute(*outs)
+        n, length = len(positions), cache.plan.length
+        v_hist = outs[1].numpy()
+        if cache.config is not None and cache.config.permuted_v:  # [length, head_dim, heads]
+            v_hist = v_hist.reshape(KV_HEADS, HEAD_DIM, length).transpose(2, 0, 1)
+        return (
+            outs[0].numpy().reshape(length, KV_HEADS, HEAD_DIM),
+            v_hist.reshape(length, KV_HEADS, HEAD_DIM),
+            outs[2].numpy().reshape(n, length),
+        )
+    finally:
+        ctx.close()
+
+
+def rand_kv(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return rng.standard_normal((n, KV_HEADS, HEAD_DIM)), rng.standard_normal((n, KV_HEADS, HEAD_DIM))
+
+
+@pytest.mark.parametrize("permuted", [False, True], ids=["v", "permuted_v"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_store_two_batches(backend: Any, dtype: str, permuted: bool) -> None:
+    rng = np.random.default_rng(0)
+    cache = make_cache(backend, dtype, permuted=permuted)
+    tol = 0 if dtype == "f32" else 2e-3
+    k1, v1 = rand_kv(rng, 3)
+    hk, hv, mask = step(backend, cache, [0, 1, 2], [0, 0, 0], k1, v1)
+    assert hk.shape == (3, KV_HEADS, HEAD_DIM)
+    np.testing.assert_allclose(hk, k1, atol=tol)
+    np.testing.assert_allclose(hv, v1, atol=tol)
+    np.testing.assert_array_equal(mask, [[0, NEG, NEG], [0, 0, NEG], [0, 0, 0]])
+
+    k2, v2 = rand_kv(rng, 2)
+    hk, hv, mask = step(backend, cache, [3, 4], [0, 0], k2, v2)
+    np.testing.assert_allclose(hk, np.concatenate([k1, k2]), atol=tol)
+    np.testing.assert_allclose(hv, np.concatenate([v1, v2]), atol=tol)
+    np.testing.assert_array_equal(mask, [[0, 0, 0, 0, NEG], [0, 0, 0, 0, 0]])
+    cache.close()
+
+
+@pytest.mark.parametrize("permuted", [False, True], ids=["v", "permuted_v"])
+def test_sequences_interleaved(backend: Any, permuted: bool) -> None:
+    rng = np.random.default_rng(1)
+    cache = make_cache(backend, seqs=2, permuted=permuted)
+    k, v = rand_kv(rng, 4)
+    hk, hv, mask = step(backend, cache, [0, 0, 1, 1], [0, 1, 0, 1], k, v)
+    np.testing.assert_array_equal(hk, k.astype(np.float32))
+    np.testing.assert_array_equal(hv, v.astype(np.float32))
+    np.testing.assert_array_equal(
+        mask,
+        [[0, NEG, NEG, NEG], [NEG, 0, NEG, NEG], [0, NEG, 0, NEG], [NEG, 0, NEG, 0]],
+    )
+    k2, v2 = rand_kv(rng, 1)
+    hk, hv, mask = step(backend, cache, [2], [1], k2, v2)
+    np.testing.assert_array_equal(hv[3], v2[0].astype(np.float32))
+    # the batch holds only seq 1, whose cells are 1, 3 and now 4: the history is cells 1..4
+    assert cache.plan.start == 1 and cache.plan.length == 4
+    np.testing.assert_array_equal(hk[3], k2[0].astype(np.float32))
+    np.testing.assert_array_equal(hk[:3], k[1:].astype(np.float32))
+    np.testing.assert_array_equal(mask, [[0, NEG, 0, 0]])
+    cache.close()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_remove_middle_rerotates_keys(backend: Any, dtype: str) -> None:
+    rng = np.random.default_rng(2)
+    cache = make_cache(backend, dtype)
+    k, v = rand_kv(rng, 6)
+    step(backend, cache, list(range(6)), [0] * 6, k, v)
+    keys, values = cache.layer_tensors(0)  # type: ignore[misc]
+    before_k = keys.numpy()[:6].copy()
+    before_v = values.numpy()[:6].copy()
+
+    cache.remove(0, 1, 3)  # positions 3,4,5 become 1,2,3: keys rotate by -2
+    after_k = keys.numpy()[:6]
+    after_v = values.numpy()[:6]
+    assert cache.table is not None
+    assert cache.table.seq_positions(0) == [0, 1, 2, 3]
+    assert cache.table.seq_cells(0) == [0, 3, 4, 5]
+    tol = 1e-5 if dtype == "f32" else 4e-3
+    np.testing.assert_array_equal(after_k[:3], before_k[:3])  # unmoved cells untouched
+    np.testing.assert_allclose(after_k[3:], np_rope(before_k[3:], np.full(3, -2.0)), atol=tol)
+    np.testing.assert_array_equal(after_v, before_v)  # values never move
+
+    # the next token sees cells 0,3,4,5 (1,2 are free, then reused)
+    k2, v2 = rand_kv(rng, 1)
+    hk, _, mask = step(backend, cache, [4], [0], k2, v2)
+    assert cache.table.seq_cells(0) == [0, 1, 3, 4, 5]
+    np.testing.assert_array_equal(mask, [[0, 0, NEG, 0, 0, 0]])
+    cache.close()
+
+
+def test_remove_to_end_and_unsupported_shifts(backend: Any) -> None:
+    rng = np.random.default_rng(3)
+    cache = make_cache(backend, shift=None, seqs=2)
+    k, v = rand_kv(rng, 4)
+    step(backend, cache, [0, 1, 2, 3], [0, 0, 0, 0], k, v)
+    cache.remove(0, 3, None)  # to the end: no shift needed
+    assert cache.table is not None and cache.table.seq_positions(0) == [0, 1, 2]
+    with pytest.raises(NotSupported):
+        cache.remove(0, 0, 1)  # would shift, but there is no shift function
+    cache.close()
+
+    cache = make_cache(backend, seqs=2)
+    step(backend, cache, [0, 1, 2, 3], [0, 0, 0, 0], k, v)
+    cache.copy_prefix(0, 1, 4)
+    with pytest.raises(NotSupported, match="shared"):
+        cache.remove(0, 0, 1)
+    cache.close()
+
+
+def test_copy_prefix_shares_cells(backend: Any) -> None:
+    rng = np.random.default_rng(4)
+    cache = make_cache(backend, seqs=2)
+    k, v = rand_kv(rng, 3)
+    step(backend, cache, [0, 1, 2], [0, 0, 0], k, v)
+    cache.copy_prefix(0, 1, 2)  # seq 1 = positions 0, 1 of seq 0
+    k2, v2 = rand_kv(rng, 1)
+    hk, _, mask = step(backend, cache, [2], [1], k2, v2)
+    np.testing.assert_array_equal(mask, [[0, 0, NEG, 0]])
+    np.testing.assert_array_equal(hk[:3], k.astype(np.float32))
+    np.testing.assert_array_equal(hk[3], k2[0].astype(np.float32))
+    cache.close()
+
+
+def test_graph_reuse_with_new_inputs(backend: Any) -> None:
+    """A graph built for one batch runs again for a later batch of the same shape with the
+    cache's new inputs (cell indices, mask) and gives the same result as a fresh graph."""
+    rng = np.random.default_rng(5)
+    cache = make_cache(backend, cells=8)
+    k, v = rand_kv(rng, 1)
+    cache.start_forward(None, B([0], [0]), reserve=False)
+    key0 = cache.graph_key()
+    ctx = backend.new_context()
+    kt, vt = ctx.input("k", k.astype(np.float32)), ctx.input("v", v.astype(np.float32))
+    cache.set_layer(0)
+    cache.put(ctx, kt, vt)
+    hk, _, mask = cache.get(ctx)
+    out = hk.cast("f32")
+    ctx.compute(out, mask)
+    # range is [0, 1): a later token at position 1 has range [0, 2): a different key
+    cache.start_forward(None, B([1], [0]), reserve=False)
+    assert cache.graph_key() != key0
+    cache.remove(0, 1, None)
+    # same shape again after removing: reuse the graph with new inputs
+    cache.remove(0, 0, None)
+    cache.start_forward(None, B([0], [0]), reserve=False)
+    assert cache.graph_key() == key0
+    k2, v2 = rand_kv(rng, 1)
+    ctx.set_input("k", k2.astype(np.float32))
+    ctx.set_input("v", v2.astype(np.float32))
+    for name, data in cache.graph_inputs().items():
+        ctx.set_input(name, data)
+    ctx.compute()
+    np.testing.assert_array_equal(out.numpy().reshape(k2.shape), k2.astype(np.float32))
+    ctx.close()
+    cache.close()
+
+
+def test_batch_size_mismatch_is_an_error(backend: Any) -> None:
+    cache = make_cache(backend)
+    cache.start_forward(None, B([0, 1], [0, 0]), reserve=False)
+    ctx = backend.new_context()
+    try:
+        k = ctx.input("k", np.zeros((3, KV_HEADS, HEAD_DIM), dtype=np.float32))
+        with pytest.raises(ValueError, match="batch"):
+            cache.put(ctx, k, k)
+    finally:
+        ctx.close()
+        cache.close()

@@ -1,0 +1,182 @@
+"""Samplers: greedy, top_k/top_p/min_p cuts (Ollama's rules), temperature, seeded draws, and
+repetition penalties checked against llama.cpp's own ``llama_sampler_init_penalties``."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from runner.sample import Sampler, SamplerOptions, apply_penalties
+
+
+def opts(**kw: object) -> SamplerOptions:
+    base = dict(repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    base.update(kw)
+    return SamplerOptions(**base)  # type: ignore[arg-type]
+
+
+def test_greedy_is_argmax_and_leaves_logits_alone() -> None:
+    logits = np.array([0.1, 3.0, -1.0, 2.9], dtype=np.float32)
+    before = logits.copy()
+    s = Sampler(opts(temperature=0.0, repeat_penalty=1.5))
+    s.accept_many([3, 3])
+    assert s.sample(logits) == 1
+    np.testing.assert_array_equal(logits, before)
+
+
+def test_top_k_one_is_greedy_at_any_temperature() -> None:
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(1000).astype(np.float32)
+    s = Sampler(opts(temperature=5.0, top_k=1, seed=3))
+    assert {s.sample(logits) for _ in range(50)} == {int(np.argmax(logits))}
+
+
+def test_seed_reproducible_and_random_seed_varies() -> None:
+    logits = np.zeros(100, dtype=np.float32)
+    a = [Sampler(opts(temperature=1.0, top_k=0, top_p=1.0, seed=42)).sample(logits) for _ in range(3)]
+    assert len(set(a)) == 1
+    s1, s2 = Sampler(opts(temperature=1.0, top_k=0, top_p=1.0, seed=42)), Sampler(
+        opts(temperature=1.0, top_k=0, top_p=1.0, seed=42)
+    )
+    assert [s1.sample(logits) for _ in range(20)] == [s2.sample(logits) for _ in range(20)]
+    r = Sampler(opts(temperature=1.0, top_k=0, top_p=1.0, seed=-1))
+    assert len({r.sample(logits) for _ in range(50)}) > 1
+
+
+def test_draws_follow_softmax_at_temperature() -> None:
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.1])).astype(np.float32)
+    s = Sampler(opts(temperature=1.0, top_k=0, top_p=1.0, seed=1))
+    n = 20000
+    counts = np.bincount([s.sample(logits) for _ in range(n)], minlength=4) / n
+    np.testing.assert_allclose(counts, [0.5, 0.25, 0.15, 0.1], atol=0.015)
+    # temperature 0.5 squares the odds
+    s = Sampler(opts(temperature=0.5, top_k=0, top_p=1.0, seed=2))
+    p = np.array([0.5, 0.25, 0.15, 0.1]) ** 2
+    p /= p.sum()
+    counts = np.bincount([s.sample(logits) for _ in range(n)], minlength=4) / n
+    np.testing.assert_allclose(counts, p, atol=0.015)
+
+
+def test_top_p_keeps_the_prefix_that_exceeds_p() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05])).astype(np.float32)
+    s = Sampler(opts(temperature=1.0, top_k=0, top_p=0.7, seed=3))
+    ids, probs = s._candidates(logits)
+    assert ids.tolist() == [0, 1]  # 0.5 <= 0.7 < 0.8
+    assert {s.sample(logits) for _ in range(200)} == {0, 1}
+    s = Sampler(opts(temperature=1.0, top_k=0, top_p=0.55, seed=3))
+    assert s._candidates(logits)[0].tolist() == [0, 1]
+    s = Sampler(opts(temperature=1.0, top_k=0, top_p=0.49, seed=3))
+    assert s._candidates(logits)[0].tolist() == [0]
+
+
+def test_min_p_keeps_tokens_above_a_fraction_of_the_best() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05])).astype(np.float32)
+    s = Sampler(opts(temperature=1.0, top_k=0, top_p=1.0, min_p=0.29, seed=4))
+    assert s._candidates(logits)[0].tolist() == [0, 1, 2]  # 0.15 >= 0.5 * 0.29
+    s = Sampler(opts(temperature=1.0, top_k=0, top_p=1.0, min_p=0.31, seed=4))
+    assert s._candidates(logits)[0].tolist() == [0, 1]
+
+
+def test_top_k_then_softmax_over_survivors() -> None:
+    logits = np.array([1.0, 4.0, 3.0, 2.0, 0.0], dtype=np.float32)
+    s = Sampler(opts(temperature=1.0, top_k=2, top_p=1.0))
+    ids, probs = s._candidates(logits)
+    assert ids.tolist() == [1, 2]
+    np.testing.assert_allclose(probs, np.exp([4.0, 3.0]) / np.exp([4.0, 3.0]).sum())
+
+
+@pytest.mark.parametrize("top_p,min_p", [(0.9, 0.0), (0.999, 0.0), (1.0, 0.05), (0.95, 0.01), (0.3, 0.2)])
+def test_partial_sort_equals_full_sort(top_p: float, min_p: float) -> None:
+    """With top_k off the sampler sorts a growing prefix; the result equals a full sort."""
+    rng = np.random.default_rng(5)
+    for scale in (0.5, 3.0, 10.0):
+        logits = (rng.standard_normal(49152) * scale).astype(np.float32)
+        s = Sampler(opts(temperature=0.7, top_k=0, top_p=top_p, min_p=min_p))
+        ids, probs = s._candidates(logits)
+        order = np.argsort(-logits, kind="stable")
+        z = logits.astype(np.float64) / 0.7
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        p = p[order]
+        end = len(order)
+        if top_p < 1.0:
+            over = np.flatnonzero(np.cumsum(p) > top_p)
+            end = int(over[0]) + 1 if over.size else end
+        ref_ids, ref_p = order[:end], p[:end]
+        if min_p > 0:
+            below = np.flatnonzero(ref_p < ref_p[0] * min_p)
+            if below.size:
+                ref_ids = ref_ids[: below[0]]
+        # equal up to the order of tied logits
+        assert len(ids) == len(ref_ids) and set(ids.tolist()) == set(ref_ids.tolist())
+        np.testing.assert_array_equal(logits[ids], logits[ref_ids])
+
+
+def test_repeat_last_n_window_and_off() -> None:
+    logits = np.array([1.0, 1.0, 1.0], dtype=np.float32)
+    s = Sampler(opts(temperature=0.0, repeat_penalty=2.0, repeat_last_n=2))
+    s.accept_many([0, 1, 2])  # window keeps 1, 2
+    assert s.sample(logits) == 0
+    s = Sampler(opts(temperature=0.0, repeat_penalty=2.0, repeat_last_n=0))
+    s.accept_many([0])
+    assert not s.penalize and s.sample(logits) == 0
+    s = Sampler(opts(temperature=0.0, repeat_penalty=2.0, repeat_last_n=-1), num_ctx=10)
+    assert s.history.maxlen == 10
+
+
+llama_cpp = None
+try:  # the penalties are checked against llama.cpp's implementation when it is installed
+    import llama_cpp  # type: ignore[no-redef]
+except ImportError:  # pragma: no cover
+    pass
+
+
+@pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python not installed")
+@pytest.mark.parametrize(
+    "repeat,freq,present,last_n",
+    [(1.1, 0.0, 0.0, 64), (1.5, 0.2, 0.3, 8), (0.8, -0.1, 0.5, 16), (1.0, 0.5, 0.0, 64)],
+)
+def test_penalties_match_llama_cpp(repeat: float, freq: float, present: float, last_n: int) -> None:
+    L = llama_cpp
+    rng = np.random.default_rng(6)
+    n_vocab = 64
+    logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
+    history = rng.integers(0, n_vocab, size=40).tolist()
+
+    smpl = L.llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)
+    for t in history:
+        L.llama_sampler_accept(smpl, t)
+    data = (L.llama_token_data * n_vocab)()
+    for i in range(n_vocab):
+        data[i].id, data[i].logit, data[i].p = i, float(logits[i]), 0.0
+    arr = L.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+    L.llama_sampler_apply(smpl, ctypes_pointer(arr))
+    want = np.array([data[i].logit for i in range(n_vocab)], dtype=np.float32)
+    L.llama_sampler_free(smpl)
+
+    s = Sampler(opts(repeat_penalty=repeat, frequency_penalty=freq, presence_penalty=present, repeat_last_n=last_n))
+    s.accept_many(history)
+    got = apply_penalties(logits, list(s.history), repeat, present, freq)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def ctypes_pointer(obj: object) -> object:
+    import ctypes
+
+    return ctypes.pointer(obj)  # type: ignore[arg-type]
+
+
+def test_sampling_a_49k_vocab_is_fast() -> None:
+    """Not a timed assertion: prints the cost per token for the default settings."""
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal(49152) * 4).astype(np.float32)
+    for o in (SamplerOptions(), opts(temperature=0.8, top_k=0, top_p=0.9), opts(temperature=0.0)):
+        s = Sampler(o)
+        s.accept_many(rng.integers(0, 49152, size=64).tolist())
+        t0 = time.perf_counter()
+        for _ in range(200):
+            s.accept(s.sample(logits))
+        dt = (time.perf_counter() - t0) / 200
+        print(f"top_k={o.top_k} top_p={o.top_p} temp={o.temperature}: {dt * 1e6:.0f} us/token")
