@@ -475,15 +475,9 @@ class BatchRunner:
     def _finish(self, i: int, seq: Sequence, reason: DoneReason) -> None:
         if reason is not DoneReason.CONNECTION_CLOSED:
             self._flush(seq)
-        seq.out.put(
-            Chunk(
-                done=True,
-                done_reason=reason,
-                metrics=self._metrics(seq),
-                context=seq.prompt + seq.generated,
-            )
-        )
-        self._release(i, seq)
+        final = Chunk(done=True, done_reason=reason, metrics=self._metrics(seq), context=seq.prompt + seq.generated)
+        self._release(i, seq)  # before the caller sees done: its slot is already free
+        seq.out.put(final)
 
     def _release(self, i: int, seq: Sequence) -> None:
         if seq.sampler is not None:
@@ -504,11 +498,11 @@ class BatchRunner:
             return
         mean = seq.embedding_sum / len(seq.prompt)
         norm = float(np.linalg.norm(mean))
-        if not np.isfinite(norm):
-            seq.out.put(LoadError("embedding contains NaN or Inf values"))
-        else:
-            seq.out.put((mean / norm if norm > 0 else mean).astype(np.float32))
         assert seq.slot is not None
         seq.slot.inputs = []  # embedding batches write the slot: it no longer holds a prompt
         self.cache.kv.seq_rm(seq.slot.id, 0, None)
         self._release(i, seq)
+        if not np.isfinite(norm):
+            seq.out.put(LoadError("embedding contains NaN or Inf values"))
+        else:
+            seq.out.put((mean / norm if norm > 0 else mean).astype(np.float32))

@@ -22,7 +22,7 @@ TINYSTORIES = MODELS / "TinyStories-656K-Q8_0.gguf"
 SMOLLM2 = default_model_path()
 
 # Engines every behaviour test runs on. The new engine joins once it runs these models.
-ENGINES = ["old"]
+ENGINES = ["old", "new"]
 
 
 def load(model: str | os.PathLike | None, engine: str = "old", *, num_parallel: int = 1,

@@ -10,7 +10,6 @@ for ``format``).
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import random
@@ -23,6 +22,7 @@ import numpy as np
 from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
+from ..sample.grammar import format_to_gbnf
 from .cache import LlamaKv
 
 log = logging.getLogger(__name__)
@@ -108,19 +108,6 @@ class _Batch:
         self.logits[end - 1] = 1
         self.n = end
         return first
-
-
-def _json_grammar(fmt: str | dict) -> str:
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-
-    if fmt == "json":
-        return JSON_GBNF
-    if isinstance(fmt, dict):
-        try:
-            return json_schema_to_gbnf(json.dumps(fmt))
-        except Exception as err:  # the converter raises assorted errors on bad schemas
-            raise InvalidRequest(f"invalid JSON schema in format: {err}") from None
-    raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema")
 
 
 class LlamaRunner(BatchRunner):
@@ -264,7 +251,7 @@ class LlamaRunner(BatchRunner):
         opts = seq.request.options
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if seq.request.format not in (None, "", "null"):
-            grammar = _json_grammar(seq.request.format)
+            grammar = format_to_gbnf(seq.request.format)
             g = L.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
             if not g:
                 L.llama_sampler_free(chain)

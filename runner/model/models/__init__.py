@@ -66,6 +66,7 @@ class Batch:
     positions: Sequence[int]
     sequences: Sequence[int]
     outputs: Sequence[int]
+    embeddings: bool = False  # return the final normed hidden states instead of logits
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -100,6 +101,7 @@ class BatchInputs:
     outputs: GGMLTensor | None
     n_tokens: int
     n_outputs: int
+    embeddings: bool = False
 
 
 # ------------------------------------------------------------------------------------ attention
@@ -187,6 +189,7 @@ class Model:
         self.backend = backend
         self.cache: CausalCache = CausalCache(shift=self.shift)
         self.n_vocab = 0  # set by subclasses
+        self.n_embd = 0
         self._graphs: OrderedDict[tuple, _Graph] = OrderedDict()
         self.max_graphs = 4
         self.stats = ForwardStats()
@@ -270,6 +273,7 @@ class Model:
             outputs=outputs,
             n_tokens=n,
             n_outputs=n_out,
+            embeddings=batch.embeddings,
         )
 
     def compute(self, batch: Batch) -> np.ndarray:
@@ -287,7 +291,7 @@ class Model:
         cache.start_forward(None, batch, reserve=False)
         # caches without graph_key()/graph_inputs() (e.g. WrapperCache) get a fresh graph each time
         graph_key = getattr(cache, "graph_key", None)
-        key = (len(batch.tokens), len(batch.outputs), graph_key()) if graph_key else None
+        key = (len(batch.tokens), len(batch.outputs), batch.embeddings, graph_key()) if graph_key else None
         graph = self._graphs.get(key) if key is not None else None
         t1 = time.perf_counter_ns()
         if graph is None:
@@ -321,9 +325,10 @@ class Model:
     def _build(self, batch: Batch, key: tuple | None) -> _Graph:
         ctx = self.backend.new_context()
         logits = self.forward(ctx, self._inputs(ctx, batch))
-        if logits.dim(0) != self.n_vocab or logits.dim(1) != len(batch.outputs):
-            raise RuntimeError(f"forward returned logits {logits.shape}")
-        graph = _Graph(ctx, logits, np.empty((len(batch.outputs), self.n_vocab), dtype=np.float32))
+        width = self.n_embd if batch.embeddings else self.n_vocab
+        if logits.dim(0) != width or logits.dim(1) != len(batch.outputs):
+            raise RuntimeError(f"forward returned {logits.shape}, expected [{width}, {len(batch.outputs)}]")
+        graph = _Graph(ctx, logits, np.empty((len(batch.outputs), width), dtype=np.float32))
         self._graphs[key if key is not None else ("once", id(ctx))] = graph
         while len(self._graphs) > self.max_graphs:
             _, old = self._graphs.popitem(last=False)

@@ -197,6 +197,7 @@ class Llama(Model):
         super().__init__(gguf, weights, backend)
         c = self.config = LlamaConfig.from_gguf(gguf, weights, rope_neox=self.rope_neox)
         self.n_vocab = c.n_vocab
+        self.n_embd = c.n_embd
         self.rope = Rotary(c, weights.get("rope_freqs.weight"))
         self.embed = weights["token_embd.weight"]
         self.blocks = [Block(weights, i, c, self.rope) for i in range(c.n_layer)]
@@ -211,7 +212,10 @@ class Llama(Model):
             self.cache.set_layer(i)
             outputs = batch.outputs if i == last else None
             h = block(ctx, h, batch.positions, self.cache, batch.n_tokens, outputs)
-        return self.output(self.norm(h))  # [n_vocab, n_outputs]
+        h = self.norm(h)
+        if batch.embeddings:
+            return h  # [n_embd, n_outputs]
+        return self.output(h)  # [n_vocab, n_outputs]
 
     def shift(self, ctx: GraphContext, layer: int, key: Tensor, delta: Tensor) -> Tensor:
         return self.rope(key, delta)

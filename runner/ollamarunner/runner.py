@@ -1,0 +1,195 @@
+"""The new engine's runner: the shared batch loop over our GGML model and ``kvcache``.
+
+Differences from the old engine that matter (reference §2.3, §2.9): the *total* batch is capped
+at ``num_batch``; the KV cache is ours (cells shared by ``copy_prefix``, context shift by
+``remove`` + the model's RoPE ``shift``); sampling is ours (``runner.sample``), with the repeat
+penalties Ollama's new engine skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from .. import config as _config
+from ..api import InvalidModel, LoadError, ModelInfo
+from ..engine import BatchRunner, Sequence
+from ..inputcache import InputCache
+from ..kvcache import NotSupported
+from ..ml.backend import BackendOptions
+from ..model import load_tokenizer
+from ..model.models import Batch, ModelLoadError, supported_architectures
+from ..model.models import load as load_model
+from ..sample import Sampler, SamplerOptions
+from ..sample.grammar import GrammarSampler, VocabOnly
+
+log = logging.getLogger(__name__)
+
+
+def supports(architecture: str) -> bool:
+    return architecture in supported_architectures()
+
+
+class CacheKv:
+    """:class:`runner.inputcache.KvOps` over our causal cache."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
+        try:
+            self.cache.remove(seq, begin, end)
+            return True
+        except NotSupported:
+            return False
+
+    def seq_cp(self, src: int, dst: int, length: int) -> None:
+        self.cache.copy_prefix(src, dst, length)
+
+    def shift(self, seq: int, keep: int, discard: int, length: int) -> bool:
+        return self.seq_rm(seq, keep, keep + discard)
+
+    def can_resume(self, seq: int, pos: int) -> bool:
+        return self.cache.can_resume(seq, pos)
+
+
+class _SeqSampler:
+    def __init__(self, sampler: Sampler, grammar: GrammarSampler | None) -> None:
+        self.sampler, self.grammar = sampler, grammar
+
+    def sample(self, logits: np.ndarray) -> int:
+        if self.grammar is None:
+            token = self.sampler.sample(logits)
+        else:
+            token = self.grammar.sample(logits, self.sampler.sample)
+            self.grammar.accept(token)
+        self.sampler.accept(token)
+        return token
+
+
+class OllamaRunner(BatchRunner):
+    engine = "new"
+    per_sequence_batch = False
+
+    def __init__(self, info: ModelInfo, *, num_ctx: int, num_parallel: int, num_batch: int,
+                 num_thread: int, multi_user: bool, flash_attention: bool | None, kv_cache_type: str) -> None:
+        super().__init__(info, num_ctx, num_parallel, num_batch, multi_user)
+        # Ollama leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so.
+        fa = bool(flash_attention)
+        kv_type = kv_cache_type if kv_cache_type in ("f16", "q8_0", "q4_0") else "f16"
+        if kv_type != "f16" and not fa:
+            log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention; using f16", kv_cache_type)
+            kv_type = "f16"
+        try:
+            self._tok = load_tokenizer(info.path)
+            self._model = load_model(info.path, BackendOptions(num_threads=num_thread, flash_attention=fa))
+        except ModelLoadError as err:
+            raise InvalidModel(str(err)) from None
+        try:
+            self._model.init_cache(num_ctx * num_parallel, num_parallel, num_batch, kv_type)
+        except ModelLoadError as err:
+            self._model.close()
+            raise LoadError(str(err)) from None
+        self.cache = InputCache(CacheKv(self._model.cache), num_ctx * num_parallel, num_parallel, multi_user)
+        self._vocab: VocabOnly | None = None  # loaded on the first request with a format
+        self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+        self._all_outputs = False
+        self._rows: dict[int, int] = {}
+        self._out: np.ndarray | None = None
+        bos = self._tok.token_text(self._tok.bos_id) if self._tok.bos_id is not None and self._tok.bos_id >= 0 else ""
+        eos = self._tok.token_text(self._tok.eos_id) if self._tok.eos_id is not None and self._tok.eos_id >= 0 else ""
+        self._special = (bos, eos)
+
+    # ----------------------------------------------------------------------------- vocab
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._tok.add_bos)
+
+    @property
+    def special_tokens(self) -> tuple[str, str]:
+        return self._special
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def piece(self, token: int) -> bytes:
+        return self._tok.token_to_piece(token)
+
+    def is_eog(self, token: int) -> bool:
+        return self._tok.is_eog(token)
+
+    # ----------------------------------------------------------------------------- batch
+    def _engine_batch_begin(self) -> None:
+        self._batch = ([], [], [], [])
+        self._all_outputs = False
+
+    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int, all_outputs: bool) -> int:
+        toks, positions, seqs, outputs = self._batch
+        first = len(toks)
+        toks.extend(tokens)
+        positions.extend(range(pos, pos + len(tokens)))
+        seqs.extend([seq_id] * len(tokens))
+        if all_outputs:
+            outputs.extend(range(first, first + len(tokens)))
+        else:
+            outputs.append(first + len(tokens) - 1)
+        return first
+
+    def _engine_decode(self, embeddings: bool) -> None:
+        toks, positions, seqs, outputs = self._batch
+        try:
+            out = self._model.compute(Batch(toks, positions, seqs, outputs, embeddings=embeddings))
+        except Exception as err:
+            raise LoadError(f"forward pass failed: {err}") from err
+        self._out = out
+        self._rows = {index: row for row, index in enumerate(outputs)}
+
+    def _engine_logits(self, seq: Sequence) -> np.ndarray:
+        assert self._out is not None
+        return self._out[self._rows[seq.batch_index]].copy()
+
+    def _engine_embeddings(self, first: int, count: int) -> np.ndarray:
+        assert self._out is not None
+        start = self._rows[first]
+        return self._out[start : start + count].copy()
+
+    # --------------------------------------------------------------------------- sampling
+    def _engine_new_sampler(self, seq: Sequence) -> Any:
+        opts = seq.request.options
+        sampler = Sampler(SamplerOptions.from_options(opts), num_ctx=self.num_ctx)
+        last_n = self.num_ctx if opts.repeat_last_n < 0 else opts.repeat_last_n
+        if last_n:
+            sampler.accept_many(seq.prompt[-last_n:])  # repeat penalties see the prompt
+        grammar = None
+        if seq.request.format not in (None, "", "null"):
+            if self._vocab is None:
+                self._vocab = VocabOnly(self.info.path)
+            grammar = GrammarSampler(self._vocab, seq.request.format)
+        return _SeqSampler(sampler, grammar)
+
+    def _engine_free_sampler(self, sampler: Any) -> None:
+        if sampler.grammar is not None:
+            sampler.grammar.close()
+
+    def _engine_sample(self, seq: Sequence) -> int:
+        assert self._out is not None
+        return seq.sampler.sample(self._out[self._rows[seq.batch_index]])
+
+    def _engine_close(self) -> None:
+        if self._vocab is not None:
+            self._vocab.close()
+            self._vocab = None
+        self._model.close()
+
+
+def load_runner(info: ModelInfo, *, num_ctx: int, num_parallel: int, num_batch: int, num_thread: int,
+                cfg: _config.Config) -> OllamaRunner | None:
+    """The new engine for ``info``, or None (with one notice) when it cannot run this architecture."""
+    if not supports(info.architecture):
+        log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
+        return None
+    return OllamaRunner(info, num_ctx=num_ctx, num_parallel=num_parallel, num_batch=num_batch,
+                        num_thread=num_thread, multi_user=cfg.multiuser_cache,
+                        flash_attention=cfg.flash_attention, kv_cache_type=cfg.kv_cache_type)
