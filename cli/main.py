@@ -171,7 +171,9 @@ def show(
     print(show_text(info, verbose))
 
 
-def main() -> None:  # pragma: no cover - console entry point alias
-    app()
 
 from . import server_cmds  # noqa: E402,F401  (registers serve, ps, stop on the app)
+
+
+if __name__ == "__main__":
+    app()
