@@ -176,6 +176,7 @@ class Request:
     shift: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
+    cache_prompt: bool = True  # False: evaluate the whole prompt, reusing nothing from the slot
     cancel: threading.Event = field(default_factory=threading.Event)
 
 

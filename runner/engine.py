@@ -316,7 +316,8 @@ class BatchRunner:
                 log.debug("cannot start sequence: %s", err)
                 seq.out.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
                 continue
-            slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=not seq.embedding)
+            cache_prompt = seq.request.cache_prompt and not seq.embedding
+            slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
             seq.cached = len(seq.prompt) - len(remaining)
             seq.evaluated = len(remaining)

@@ -196,3 +196,12 @@ def test_embeddings_are_normalised(smollm):
     # generation still works after an embedding batch
     _, final = generate(smollm, "Hello", options={"num_predict": 3})
     assert final.metrics.eval_count == 3
+
+
+def test_cache_prompt_off_evaluates_everything(smollm):
+    msgs = [Message("user", "Hello there, how are you?")]
+    _, first = chat(smollm, msgs, num_predict=2)
+    request = Request(messages=msgs, cache_prompt=False, options=Options().merged({**GREEDY, "num_predict": 2}))
+    _, again = collect(smollm.chat(request))
+    assert again.metrics.prompt_cached_count == 0
+    assert again.metrics.prompt_eval_count == first.metrics.prompt_eval_count
