@@ -1,8 +1,9 @@
 """The old engine's KV operations: llama.cpp's ``llama_memory_seq_*`` behind :class:`KvOps`.
 
-The context keeps one KV stream per slot (``kv_unified`` off), so each sequence attends only over
-its own cells. llama.cpp copies between streams only whole, so a prefix fork copies the source
-stream and then erases the tail the prompt does not share.
+The context keeps all slots in one unified KV buffer (``kv_unified``): sequences decoded together
+share one attention pass (measured: 4 streams give 1.33× the aggregate of 1, against 1.01× with a
+stream per slot), and a prefix fork is metadata only — cells gain the destination sequence, as in
+Ollama's zero-copy ``CopyPrefix``. The runner enforces the per-slot ``num_ctx`` itself.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ class LlamaKv:
         return bool(L.llama_memory_seq_rm(self.mem, seq, begin, -1 if end is None else end))
 
     def seq_cp(self, src: int, dst: int, length: int) -> None:
-        L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
-        L.llama_memory_seq_rm(self.mem, dst, length, -1)
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, length)
 
     def shift(self, seq: int, keep: int, discard: int, length: int) -> bool:
         if not self.shiftable:

@@ -146,7 +146,7 @@ class LlamaRunner(BatchRunner):
         cparams.n_seq_max = num_parallel
         cparams.n_threads = cparams.n_threads_batch = num_thread
         cparams.embeddings = False
-        cparams.kv_unified = False
+        cparams.kv_unified = True  # see cache.py: one buffer, sequences batched together
         cparams.no_perf = True
         cparams.flash_attn_type = {
             None: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
