@@ -1,0 +1,12 @@
+"""``pollama serve``: Ollama's native API (/api/*) and OpenAI's (/v1/*) over the runner.
+
+``app.create_app`` builds the FastAPI app, ``app.serve`` runs it with uvicorn on ``OLLAMA_HOST``;
+``scheduler`` loads, shares and unloads models; ``service`` is the request lifecycle both APIs
+share; ``ollama_api``/``openai_api`` translate the wire formats; ``models`` lists and edits the store.
+"""
+
+from __future__ import annotations
+
+from .app import create_app, serve
+
+__all__ = ["create_app", "serve"]

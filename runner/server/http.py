@@ -1,0 +1,187 @@
+"""HTTP plumbing shared by both APIs: the cancellable streaming response, error bodies, access log.
+
+Every error body is ``{"error": "..."}``. A response produced by a :class:`RunnerResponse` decides
+its status from its first piece: an error raised before any output becomes that error's status
+and body; an error after the headers went out is the producer's to report in-band.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runner.api import PollamaError
+
+log = logging.getLogger("runner.server")
+
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+JSON = "application/json; charset=utf-8"
+
+
+def now_iso() -> str:
+    """RFC 3339 UTC timestamp like Go's (microseconds)."""
+    return iso(datetime.now(timezone.utc))
+
+
+def iso(when: datetime) -> str:
+    return when.astimezone(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def error_body(message: str) -> bytes:
+    return dumps({"error": message})
+
+
+def status_of(err: BaseException) -> int:
+    return int(getattr(err, "status", 500)) if isinstance(err, PollamaError) else 500
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", JSON.encode()), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RunnerResponse(Response):
+    """An ASGI response whose body pieces come from an async generator that may wait on a model.
+
+    While the body is produced, the client's connection is watched: when it goes away, ``on_close``
+    runs (it cancels the runner's sequence, which frees the slot) and the producer is cancelled, so
+    its ``finally`` blocks release what it holds. A :class:`PollamaError` raised before the first
+    piece becomes an HTTP error with ``{"error": ...}``.
+    """
+
+    def __init__(self, body: Callable[[], AsyncIterator[bytes]], media_type: str,
+                 on_close: Callable[[], None] | None = None) -> None:
+        # Not Response.__init__: there is no body to render up front. FastAPI passes a Response
+        # through untouched and may attach background tasks, run once the body is sent.
+        self.produce = body
+        self.media_type = media_type
+        self.on_close = on_close
+        self.disconnected = False
+        self.status_code = 200
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as group:
+            async def watch() -> None:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        self.disconnected = True
+                        if self.on_close is not None:
+                            self.on_close()
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(watch)
+            try:
+                await self._produce(send)
+            finally:
+                group.cancel_scope.cancel()
+        if self.background is not None and not self.disconnected:
+            await self.background()
+
+    async def _produce(self, send: Send) -> None:
+        started = False
+        pieces = self.produce()
+        try:
+            async for piece in pieces:
+                if not started:
+                    started = True
+                    await send({"type": "http.response.start", "status": 200,
+                                "headers": [(b"content-type", self.media_type.encode()),
+                                            (b"cache-control", b"no-cache"),
+                                            (b"x-accel-buffering", b"no")]})
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        except PollamaError as err:
+            if started:
+                log.warning("stream ended with an error: %s", err)
+            else:
+                await send_json(send, status_of(err), error_body(str(err)))
+                return
+        except (anyio.get_cancelled_exc_class(), OSError):
+            raise
+        except Exception as err:  # a bug: log it, answer 500, keep serving
+            log.exception("request failed")
+            if not started:
+                await send_json(send, 500, error_body(f"internal error: {err}"))
+                return
+        finally:
+            await _aclose(pieces)
+        if started:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await send_json(send, 500, error_body("no response produced"))
+
+
+async def _aclose(gen: AsyncIterator[bytes]) -> None:
+    close: Callable[[], Awaitable[None]] | None = getattr(gen, "aclose", None)
+    if close is not None:
+        with anyio.CancelScope(shield=True):
+            await close()
+
+
+class ServerMiddleware:
+    """Outermost layer: one log line per request, JSON bodies for non-JSON content types, and a
+    500 ``{"error": ...}`` for anything that escaped the handlers.
+
+    ``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; Ollama reads the body as JSON
+    whatever the header says, so the API paths get ``application/json``.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope.get("path", "")
+        if scope.get("method") in ("POST", "DELETE", "PUT") and path.startswith(("/api/", "/v1/")):
+            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+            headers.append((b"content-type", b"application/json"))
+            scope = dict(scope, headers=headers)
+        t0 = time.perf_counter()
+        status = 0
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception as err:
+            log.exception("unhandled error on %s %s", scope.get("method"), path)
+            if not status:
+                status = 500
+                try:
+                    await send_json(send, 500, error_body(f"internal error: {err}"))
+                except Exception:
+                    pass
+        finally:
+            elapsed = time.perf_counter() - t0
+            client = scope.get("client") or ("-", 0)
+            log.info('| %3d | %12s | %15s | %-7s "%s"', status, _elapsed(elapsed), client[0],
+                     scope.get("method", "?"), path)
+
+
+def _elapsed(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f}s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f}ms"
+    return f"{seconds * 1e6:.1f}µs"

@@ -1,0 +1,345 @@
+"""Model listings and store operations for the API: tags, show, ps entries; copy and delete.
+
+Store operations keep Ollama's layout (reference §7.1): a copy is a new manifest naming the same
+blobs; a delete removes the manifest, then every blob it named that no other manifest names. The
+built-in default model lives outside the store and cannot be deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from runner import config as _config
+from runner import store
+from runner.api import InvalidRequest, ModelInfo, ModelNotFound, PollamaError
+
+from .http import iso
+from .scheduler import LoadedModel, Scheduler, resolve
+
+log = logging.getLogger(__name__)
+
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+_FILE_DIGESTS: dict[tuple, str] = {}
+_BYTES_PER_WEIGHT = {
+    "F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32,
+    "Q5_0": 22 / 32, "Q5_1": 24 / 32, "Q2_K": 0.33, "Q3_K_S": 0.43, "Q3_K_M": 0.49, "Q3_K_L": 0.53,
+    "Q4_K_S": 0.57, "Q4_K_M": 0.61, "Q5_K_S": 0.69, "Q5_K_M": 0.71, "Q6_K": 0.82,
+}
+
+
+# ------------------------------------------------------------------------------------ details
+def file_digest(stored: store.StoredModel) -> str:
+    """The hex sha256 of the model: the store's digest, or the file's own (cached)."""
+    if stored.digest:
+        return stored.digest
+    st = stored.path.stat()
+    key = (str(stored.path), st.st_size, st.st_mtime_ns)
+    digest = _FILE_DIGESTS.get(key)
+    if digest is None:
+        h = hashlib.sha256()
+        with open(stored.path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        digest = _FILE_DIGESTS[key] = h.hexdigest()
+    return digest
+
+
+def human_number(n: float) -> str:
+    """Ollama's format.HumanNumber: 135M, 1.2B, 260K."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f}{unit}" if value >= 100 or value == int(value) else f"{value:.1f}{unit}"
+    return str(int(n))
+
+
+def parameter_size(info: ModelInfo) -> str:
+    label = info.metadata.get("general.size_label")
+    if label:
+        return str(label)
+    if info.parameter_count:
+        return human_number(info.parameter_count)
+    per_weight = _BYTES_PER_WEIGHT.get(info.quantization)
+    return human_number(info.size / per_weight) if per_weight else "unknown"
+
+
+def details(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": info.architecture,
+        "families": [info.architecture],
+        "parameter_size": parameter_size(info),
+        "quantization_level": info.quantization,
+    }
+
+
+def capabilities(info: ModelInfo) -> list[str]:
+    return ["completion"]
+
+
+def kv_bytes(info: ModelInfo, num_ctx: int, num_parallel: int) -> int:
+    """f16 K and V for every layer and every cell (what the runner allocates besides weights)."""
+    arch = info.architecture
+    meta = info.metadata
+    try:
+        layers = int(meta.get(f"{arch}.block_count", 0))
+        embd = int(meta.get(f"{arch}.embedding_length", 0))
+        heads = int(meta.get(f"{arch}.attention.head_count", 0)) or 1
+        heads_kv = int(meta.get(f"{arch}.attention.head_count_kv", heads)) or heads
+        head_k = int(meta.get(f"{arch}.attention.key_length", embd // heads))
+        head_v = int(meta.get(f"{arch}.attention.value_length", embd // heads))
+    except (TypeError, ValueError):
+        return 0
+    return layers * num_ctx * num_parallel * heads_kv * (head_k + head_v) * 2
+
+
+# -------------------------------------------------------------------------------------- lists
+def all_models(cfg: _config.Config) -> list[store.StoredModel]:
+    """The built-in default model, then the store's models (newest first)."""
+    found: list[store.StoredModel] = []
+    try:
+        found.append(store.resolve(None, cfg))
+    except PollamaError:
+        pass
+    found.extend(store.list_models(cfg))
+    return found
+
+
+def tag_entry(scheduler: Scheduler, stored: store.StoredModel) -> dict[str, Any] | None:
+    try:
+        info = scheduler.model_info(stored)
+    except PollamaError:
+        return None
+    return {
+        "name": stored.name,
+        "model": stored.name,
+        "modified_at": iso(stored.modified),
+        "size": stored.size,
+        "digest": file_digest(stored),
+        "details": details(info),
+        "capabilities": capabilities(info),
+    }
+
+
+def ps_entry(model: LoadedModel) -> dict[str, Any]:
+    runner = model.runner
+    info = runner.info
+    size = model.stored.size + kv_bytes(info, runner.num_ctx, runner.num_parallel)
+    return {
+        "name": model.name,
+        "model": model.name,
+        "size": size,
+        "digest": file_digest(model.stored),
+        "details": details(info),
+        "expires_at": iso(model.expires_at) if model.expires_at else "0001-01-01T00:00:00Z",
+        "size_vram": 0,
+        "context_length": runner.num_ctx,
+    }
+
+
+def show(scheduler: Scheduler, stored: store.StoredModel, verbose: bool) -> dict[str, Any]:
+    info = scheduler.model_info(stored)
+    header = store.read_gguf_header(stored.path)
+    model_info: dict[str, Any] = dict(header.metadata)
+    for key in header.array_lengths:  # arrays are not read (Ollama sends null unless verbose)
+        model_info[key] = None
+    if "general.parameter_count" not in model_info and info.parameter_count:
+        model_info["general.parameter_count"] = info.parameter_count
+    layers = stored.layers
+    license_text = _read(layers.get("license")) or str(info.metadata.get("general.license") or "")
+    system = _read(layers.get("system"))
+    params = _read(layers.get("params"))
+    template = _read(layers.get("template")) or info.chat_template or ""
+    out: dict[str, Any] = {
+        "license": license_text,
+        "modelfile": _modelfile(stored, template, system, params),
+        "parameters": _parameters_text(params),
+        "template": template,
+        "details": details(info),
+        "model_info": _jsonable(model_info),
+        "capabilities": capabilities(info),
+        "modified_at": iso(stored.modified),
+    }
+    if system:
+        out["system"] = system
+    return out
+
+
+def _read(path: Path | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _parameters_text(params_json: str) -> str:
+    if not params_json:
+        return ""
+    try:
+        params = json.loads(params_json)
+    except ValueError:
+        return ""
+    lines = []
+    for name, value in (params or {}).items():
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"{name:<30} {json.dumps(item) if isinstance(item, str) else item}")
+    return "\n".join(lines)
+
+
+def _modelfile(stored: store.StoredModel, template: str, system: str, params_json: str) -> str:
+    lines = [
+        '# Modelfile generated by "pollama show"',
+        "# To build a new Modelfile based on this, replace FROM with:",
+        f"# FROM {stored.name}",
+        "",
+        f"FROM {stored.path}",
+    ]
+    if template:
+        lines.append(f'TEMPLATE """{template}"""')
+    if system:
+        lines.append(f'SYSTEM """{system}"""')
+    for line in _parameters_text(params_json).splitlines():
+        name, _, value = line.partition(" ")
+        lines.append(f"PARAMETER {name} {value.strip()}")
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, float) and value != value:
+            value = None
+        elif isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        out[key] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- store changes
+def _is_path(name: str) -> bool:
+    try:
+        return store.looks_like_path(name)
+    except (OSError, ValueError, RuntimeError):  # "~nobody", NUL bytes: not a usable path either
+        return True
+
+
+def _store_name(name: str, what: str) -> tuple[str, str, str, str]:
+    if not name:
+        raise InvalidRequest(f"{what} is required")
+    if store.is_default_name(name) or _is_path(name):
+        raise InvalidRequest(f'invalid {what} "{name}": not a name in the model store')
+    try:
+        return store.parse_name(name)
+    except ModelNotFound:
+        raise InvalidRequest(f'invalid {what} "{name}"') from None
+
+
+def _manifest_file(cfg: _config.Config, parts: tuple[str, str, str, str]) -> Path:
+    host, namespace, model, tag = parts
+    return cfg.models / "manifests" / host / namespace / model / tag
+
+
+def _digests(manifest: dict[str, Any]) -> set[str]:
+    """Blob file names (``sha256-<hex>``) a manifest names; malformed digests are skipped."""
+    out = set()
+    for item in [manifest.get("config") or {}] + list(manifest.get("layers") or []):
+        digest = str(item.get("digest", "")) if isinstance(item, dict) else ""
+        match = _DIGEST.match(digest)
+        if match:
+            out.add(f"sha256-{match.group(1).lower()}")
+    return out
+
+
+def copy_model(cfg: _config.Config, source: str, destination: str) -> None:
+    """Make ``destination`` a new manifest naming the blobs of ``source``.
+
+    A source outside the store (the default model, a .gguf path) is imported: its file becomes a
+    blob (hard-linked when possible) under a one-layer manifest.
+    """
+    if not source:
+        raise InvalidRequest("source is required")
+    dest_parts = _store_name(destination, "destination")
+    stored = resolve(source, cfg)  # ModelNotFound → 404
+    dest_file = _manifest_file(cfg, dest_parts)
+    if stored.manifest is not None:
+        body = json.dumps(stored.manifest, indent=None).encode()
+    else:
+        digest = file_digest(stored)
+        blob = cfg.models / "blobs" / f"sha256-{digest}"
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists():
+            tmp = blob.with_name(blob.name + ".partial")
+            try:
+                os.link(stored.path, tmp)
+            except OSError:
+                shutil.copyfile(stored.path, tmp)
+            os.replace(tmp, blob)
+        config_body = json.dumps({"model_format": "gguf", "model_family": "", "file_type": ""}).encode()
+        config_digest = hashlib.sha256(config_body).hexdigest()
+        (cfg.models / "blobs" / f"sha256-{config_digest}").write_bytes(config_body)
+        body = json.dumps({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                       "digest": f"sha256:{config_digest}", "size": len(config_body)},
+            "layers": [{"mediaType": store.MODEL_MEDIA_TYPE, "digest": f"sha256:{digest}",
+                        "size": stored.size}],
+        }).encode()
+    dest_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest_file.with_name(dest_file.name + ".tmp")
+    tmp.write_bytes(body)
+    os.replace(tmp, dest_file)
+    log.info("copied %s to %s", stored.name, destination)
+
+
+def delete_model(cfg: _config.Config, name: str) -> None:
+    """Remove ``name``'s manifest and the blobs no other manifest uses."""
+    if not name:
+        raise InvalidRequest("model is required")
+    if store.is_default_name(name):
+        raise InvalidRequest(f'cannot delete "{name}": it is the built-in default model, not a model in the store')
+    if _is_path(name):
+        raise InvalidRequest(f'cannot delete "{name}": it is a file, not a model in the store')
+    try:
+        parts = store.parse_name(name)
+    except ModelNotFound:
+        raise ModelNotFound(f'model "{name}" not found') from None
+    manifest_file = _manifest_file(cfg, parts)
+    if not manifest_file.is_file():
+        raise ModelNotFound(f'model "{name}" not found')
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    manifest_file.unlink()
+    root = cfg.models / "manifests"
+    parent = manifest_file.parent
+    while parent != root and root in parent.parents:
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
+    still_used: set[str] = set()
+    if root.is_dir():
+        for other in root.rglob("*"):
+            if other.is_file():
+                try:
+                    still_used |= _digests(json.loads(other.read_text()))
+                except (OSError, ValueError, AttributeError):
+                    continue
+    for digest in _digests(manifest if isinstance(manifest, dict) else {}) - still_used:
+        blob = cfg.models / "blobs" / digest
+        if blob.name.startswith("sha256-") and blob.is_file():
+            blob.unlink()
+    log.info("deleted %s", name)

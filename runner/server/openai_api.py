@@ -1,0 +1,332 @@
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models.
+
+Requests map onto the native options as Ollama's middleware does (reference §5.1):
+``max_tokens``→``num_predict``, ``temperature`` and ``top_p`` default to 1.0, ``seed``, ``stop``
+(a string or a list), the penalties, and ``response_format`` (``json_object``→"json",
+``json_schema``→its schema). Streams are SSE ``data: {chunk}`` lines ending ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+import struct
+import time
+from typing import Any, AsyncIterator, Literal, Union
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, TokenLogprob
+
+from . import models as _models
+from .http import JSON, SSE, RunnerResponse, dumps
+from .ollama_api import normalize_dims, service
+from .service import Outcome, Service, now_ns, parse_keep_alive
+
+router = APIRouter(prefix="/v1")
+
+FINGERPRINT = "fp_ollama"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+    image_url: Any = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class _Sampling(_Body):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    keep_alive: Union[str, float, None] = None
+
+
+class ChatCompletionBody(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    reasoning_effort: str | None = None
+
+
+class CompletionBody(_Sampling):
+    prompt: Union[str, list[str]]
+    suffix: str | None = None
+    logprobs: int | None = None
+    echo: bool | None = None
+
+
+class EmbeddingBody(_Body):
+    model: str
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: str | None = None
+    dimensions: int | None = None
+
+
+# ---------------------------------------------------------------------------------- mapping
+def sampling_options(body: _Sampling, max_tokens: int | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if max_tokens is not None:
+        options["num_predict"] = max_tokens
+    options["temperature"] = 1.0 if body.temperature is None else body.temperature
+    options["top_p"] = 1.0 if body.top_p is None else body.top_p
+    if body.seed is not None:
+        options["seed"] = body.seed
+    if body.stop is not None:
+        options["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    if body.frequency_penalty is not None:
+        options["frequency_penalty"] = body.frequency_penalty
+    if body.presence_penalty is not None:
+        options["presence_penalty"] = body.presence_penalty
+    return options
+
+
+def response_format(fmt: ResponseFormat | None) -> str | dict | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return "json"
+    if fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise InvalidRequest("response_format json_schema needs a json_schema.schema")
+        return fmt.json_schema.schema_
+    raise InvalidRequest(f"invalid response_format type {fmt.type!r}: use text, json_object or json_schema")
+
+
+def message_text(message: ChatMessage) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.type == "text":
+            parts.append(part.text or "")
+        elif part.type == "image_url":
+            raise InvalidRequest("this model does not support images")
+        else:
+            raise InvalidRequest(f"invalid content part type {part.type!r}")
+    return "".join(parts)
+
+
+def finish_reason(chunk: Chunk) -> str:
+    return "length" if chunk.done_reason is DoneReason.LENGTH else "stop"
+
+
+def usage(chunk: Chunk) -> dict[str, Any]:
+    m = chunk.metrics
+    assert m is not None
+    prompt = m.prompt_eval_count + m.prompt_cached_count
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": m.eval_count,
+        "total_tokens": prompt + m.eval_count,
+        "prompt_tokens_details": {"cached_tokens": m.prompt_cached_count},
+    }
+
+
+def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": [
+        {"token": lp.token, "logprob": lp.logprob, "bytes": lp.bytes,
+         "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in lp.top_logprobs]}
+        for lp in items
+    ]}
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+def _openai_response(svc: Service, *, model: str, request: Request, options: dict[str, Any],
+                     keep_alive: float | None, chat: bool, stream: bool, include_usage: bool,
+                     t0: int) -> RunnerResponse:
+    ident = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.randbelow(10**9)}"
+    created = int(time.time())
+    obj_kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
+    outcome = Outcome()
+
+    def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": ident, "object": obj_kind, "created": created, "model": model,
+                "system_fingerprint": FINGERPRINT, "choices": choices}
+
+    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, streaming: bool) -> dict[str, Any]:
+        if chat:
+            key = "delta" if streaming else "message"
+            out: dict[str, Any] = {"index": 0, key: {"role": "assistant", "content": text}}
+            if request.logprobs:
+                out["logprobs"] = chat_logprobs(lps or []) if (lps or not streaming) else None
+            out["finish_reason"] = reason
+            return out
+        return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+
+    async def events() -> AsyncIterator[bytes]:
+        chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
+        started = False
+        try:
+            async for chunk in chunks:
+                if chunk.done:
+                    yield sse(envelope([choice("", finish_reason(chunk), None, True)]))
+                    if include_usage:
+                        body = envelope([])
+                        body["usage"] = usage(chunk)
+                        yield sse(body)
+                    yield b"data: [DONE]\n\n"
+                else:
+                    yield sse(envelope([choice(chunk.text, None, chunk.logprobs, True)]))
+                started = True
+        except Exception as err:
+            if not started:
+                raise
+            yield sse({"error": str(err)})
+        finally:
+            await chunks.aclose()
+
+    async def single() -> AsyncIterator[bytes]:
+        chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
+        texts: list[str] = []
+        lps: list[TokenLogprob] = []
+        try:
+            async for chunk in chunks:
+                texts.append(chunk.text)
+                lps.extend(chunk.logprobs or [])
+                if chunk.done:
+                    body = envelope([choice("".join(texts), finish_reason(chunk), lps, False)])
+                    body["usage"] = usage(chunk)
+                    yield dumps(body)
+        finally:
+            await chunks.aclose()
+
+    return RunnerResponse(events if stream else single, SSE if stream else JSON, on_close=request.cancel.set)
+
+
+# ----------------------------------------------------------------------------------- routes
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionBody, svc: Service = Depends(service)) -> Response:
+    t0 = now_ns()
+    if not body.model:
+        raise InvalidRequest("model is required")
+    if not body.messages:
+        raise InvalidRequest("no messages provided")
+    if body.tools:
+        raise InvalidRequest(f'"{body.model}" does not support tools')
+    keep_alive = parse_keep_alive(body.keep_alive)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    top = body.top_logprobs or 0
+    request = Request(
+        messages=[Message("system" if m.role == "developer" else m.role, message_text(m)) for m in body.messages],
+        format=response_format(body.response_format),
+        logprobs=bool(body.logprobs) or top > 0, top_logprobs=top,
+    )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return _openai_response(svc, model=body.model, request=request, options=sampling_options(body, max_tokens),
+                            keep_alive=keep_alive, chat=True, stream=body.stream, include_usage=include_usage, t0=t0)
+
+
+@router.post("/completions")
+async def completions(body: CompletionBody, svc: Service = Depends(service)) -> Response:
+    t0 = now_ns()
+    if not body.model:
+        raise InvalidRequest("model is required")
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise InvalidRequest("prompt must be a string (or a list of one string)")
+        prompt = prompt[0]
+    if not prompt:
+        raise InvalidRequest("prompt is required")
+    if body.suffix:
+        raise InvalidRequest(f'"{body.model}" does not support insert')
+    keep_alive = parse_keep_alive(body.keep_alive)
+    request = Request(prompt=prompt)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return _openai_response(svc, model=body.model, request=request, options=sampling_options(body, body.max_tokens),
+                            keep_alive=keep_alive, chat=False, stream=body.stream, include_usage=include_usage, t0=t0)
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingBody, svc: Service = Depends(service)) -> dict[str, Any]:
+    t0 = now_ns()
+    if not body.model:
+        raise InvalidRequest("model is required")
+    raw = body.input
+    if isinstance(raw, str):
+        texts = [raw]
+    elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
+        texts = list(raw)  # type: ignore[arg-type]
+    elif raw is None:
+        texts = []
+    else:
+        raise InvalidRequest("invalid input type: token arrays are not supported, send strings")
+    if not texts or any(t == "" for t in texts):
+        raise InvalidRequest("invalid input: it must be a non-empty string or a list of non-empty strings")
+    if body.encoding_format not in (None, "float", "base64"):
+        raise InvalidRequest(f"invalid encoding_format {body.encoding_format!r}: use float or base64")
+    if body.dimensions is not None and body.dimensions < 0:
+        raise InvalidRequest("dimensions must be a positive number")
+    vectors, count, _ = await svc.embed(body.model, texts, True, None, None, t0)
+    data = []
+    for index, vector in enumerate(vectors):
+        vector = normalize_dims(vector, body.dimensions)
+        value: Any = vector
+        if body.encoding_format == "base64":
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"object": "embedding", "embedding": value, "index": index})
+    return {"object": "list", "data": data, "model": body.model,
+            "usage": {"prompt_tokens": count, "total_tokens": count}}
+
+
+def _model_entry(stored: Any) -> dict[str, Any]:
+    return {"id": stored.name, "object": "model", "created": int(stored.modified.timestamp()),
+            "owned_by": "library"}
+
+
+@router.get("/models")
+async def list_models(svc: Service = Depends(service)) -> dict[str, Any]:
+    found = await asyncio.to_thread(_models.all_models, svc.cfg)
+    return {"object": "list", "data": [_model_entry(m) for m in found]}
+
+
+@router.get("/models/{model:path}")
+async def get_model(model: str, svc: Service = Depends(service)) -> dict[str, Any]:
+    stored = svc.resolve(model)
+    return _model_entry(stored)

@@ -1,0 +1,418 @@
+"""The scheduler: which models are loaded, who is using them, and when they unload (reference §5.4).
+
+Everything here runs on the server's event loop; only the blocking work (loading a model, closing
+one, a runner's stream) happens in threads. One load or unload happens at a time (Ollama's
+``processPending``); a request whose model is already loaded with the same load-time options takes
+it at once (``refs += 1``) and the runner's own FIFO queue gives it a slot.
+
+Queue accounting: a request *waits* when it needs a load or finds every slot of its model taken.
+When ``OLLAMA_MAX_QUEUE`` requests already wait, a new one that would wait is refused with 503.
+
+Keep-alive: each request sets its model's keep-alive (its ``keep_alive`` or ``OLLAMA_KEEP_ALIVE``);
+when the last user of a model leaves, a duration of 0 unloads it now, a positive one arms a timer,
+a negative one keeps it forever. ``OLLAMA_MAX_LOADED_MODELS`` bounds the loaded models: loading one
+more unloads the least recently used idle one (waiting for one to go idle when none is).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+
+import runner as _runner
+from runner import config as _config
+from runner import store
+from runner.api import Chunk, ModelInfo, ModelNotFound, Options, PollamaError, Runner, ServerBusy
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+FOREVER = timedelta(days=365 * 290)  # Go's time.Now().Add(math.MaxInt64) lands ~292 years out
+
+
+FOREVER_SECONDS = 1e9  # a keep-alive this long (~31 years) is forever: no timer, no overflow
+
+
+class ShuttingDown(PollamaError):
+    status = 503
+
+
+def resolve(name: str, cfg: _config.Config) -> store.StoredModel:
+    """``store.resolve`` for names from the network: odd names (``~nobody``, NUL bytes) are
+    unknown models, not server errors."""
+    try:
+        return store.resolve(name, cfg)
+    except PollamaError:
+        raise
+    except (OSError, ValueError, RuntimeError):
+        raise ModelNotFound(f'model "{name}" not found') from None
+
+
+# ------------------------------------------------------------------------------------ threads
+def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
+    """Run ``fn(*args)`` in a fresh daemon thread; the future resolves on the calling loop.
+
+    A thread per call (not the shared pool): runner calls block while they wait for a slot, and
+    hundreds of queued requests must not starve a bounded pool.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as err:  # delivered to the awaiting task
+            _call_soon(loop, settle, False, err)
+        else:
+            _call_soon(loop, settle, True, result)
+
+    threading.Thread(target=work, name="pollama-call", daemon=True).start()
+    return future
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
+        pass
+
+
+_END = object()
+
+
+class Job:
+    """A runner stream (``generate``/``chat``) pumped by its own thread onto the event loop.
+
+    ``start`` runs in the thread too, so the runner's eager validation (template rendering,
+    tokenization) never blocks the loop; its errors arrive as the first item. :meth:`cancel` sets
+    the request's cancel event: the runner ends the sequence at its next batch, frees the slot,
+    and the pump thread finishes by itself.
+    """
+
+    def __init__(self, start: Callable[[], Iterator[Chunk]], cancel: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._cancel = cancel
+        self.finished = threading.Event()
+        threading.Thread(target=self._pump, args=(start,), name="pollama-job", daemon=True).start()
+
+    def _pump(self, start: Callable[[], Iterator[Chunk]]) -> None:
+        try:
+            chunks = start()
+            try:
+                for chunk in chunks:
+                    _call_soon(self._loop, self._queue.put_nowait, chunk)
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()
+        except BaseException as err:
+            _call_soon(self._loop, self._queue.put_nowait, err)
+        finally:
+            self.finished.set()
+            _call_soon(self._loop, self._queue.put_nowait, _END)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        """The runner's chunks; its errors are raised here."""
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+
+# ---------------------------------------------------------------------------------- scheduler
+@dataclass(eq=False)
+class LoadedModel:
+    key: str  # the resolved GGUF path: every name of one file shares one runner
+    name: str
+    stored: store.StoredModel
+    runner: Runner
+    load_key: tuple
+    keep_alive: float  # seconds; < 0 forever, 0 unload when idle
+    refs: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    expires_at: datetime | None = None
+    timer: asyncio.TimerHandle | None = None
+    unloading: bool = False
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.runner.info
+
+
+@dataclass
+class _InfoEntry:
+    stamp: tuple
+    info: ModelInfo
+
+
+class Scheduler:
+    def __init__(self, cfg: _config.Config, load: Callable[..., Runner] | None = None) -> None:
+        self.cfg = cfg
+        self._load_fn = load or _runner.load
+        self.loaded: dict[str, LoadedModel] = {}
+        self._lock = asyncio.Lock()  # one load/unload decision at a time
+        self._changed = asyncio.Event()  # replaced after each set: "refs or loaded models changed"
+        self._loading_waiters = 0
+        self._jobs: set[Job] = set()
+        self._closing_tasks: set[asyncio.Future] = set()
+        self._infos: dict[str, _InfoEntry] = {}
+        self.closing = False
+
+    # ------------------------------------------------------------------------------ lookups
+    def model_info(self, stored: store.StoredModel) -> ModelInfo:
+        """``runner.model_info`` cached per file (reading a header takes a moment)."""
+        key = str(stored.path)
+        try:
+            st = stored.path.stat()
+            stamp = (st.st_size, st.st_mtime_ns, stored.name)
+        except OSError:
+            stamp = (stored.size, 0, stored.name)
+        entry = self._infos.get(key)
+        if entry is None or entry.stamp != stamp:
+            entry = self._infos[key] = _InfoEntry(stamp, _runner.model_info(stored))
+        return entry.info
+
+    def load_key(self, info: ModelInfo, options: Options) -> tuple:
+        """What a loaded runner must match: the load-time options after defaults and clamps."""
+        num_ctx, num_batch, num_thread = _runner.resolve_load_options(info, options, self.cfg)
+        use_mmap = True if options.use_mmap is None else options.use_mmap
+        return (num_ctx, num_batch, num_thread, use_mmap)
+
+    def find(self, name: str) -> LoadedModel | None:
+        """The loaded model ``name`` resolves to, if any (raises ModelNotFound for unknown names)."""
+        stored = resolve(name, self.cfg)
+        return self.loaded.get(str(stored.path))
+
+    def waiting(self) -> int:
+        """Requests that wait: for a load, or for a slot of a loaded model."""
+        queued = sum(max(0, m.refs - m.runner.num_parallel) for m in self.loaded.values())
+        return self._loading_waiters + queued
+
+    # ------------------------------------------------------------------------------ acquire
+    async def acquire(self, name: str, options: Options, keep_alive: float | None) -> LoadedModel:
+        """A runner for one request; pair with :meth:`release`.
+
+        Raises ModelNotFound/InvalidModel (the name), ServerBusy (queue full), LoadError.
+        """
+        if self.closing:
+            raise ShuttingDown("server is shutting down")
+        stored = resolve(name, self.cfg)
+        info = self.model_info(stored)
+        key = str(stored.path)
+        want = self.load_key(info, options)
+        keep = self.cfg.keep_alive if keep_alive is None else keep_alive
+        model = self.loaded.get(key)
+        if model is not None and model.load_key == want and not model.unloading:
+            if model.refs >= model.runner.num_parallel and self.waiting() >= self.cfg.max_queue:
+                raise ServerBusy(BUSY_MESSAGE)
+            self._take(model, keep)
+            return model
+        if self.waiting() >= self.cfg.max_queue:
+            raise ServerBusy(BUSY_MESSAGE)
+        self._loading_waiters += 1
+        try:
+            async with self._lock:
+                return await self._acquire_locked(name, stored, key, options, want, keep)
+        finally:
+            self._loading_waiters -= 1
+
+    async def _acquire_locked(self, name: str, stored: store.StoredModel, key: str, options: Options,
+                              want: tuple, keep: float) -> LoadedModel:
+        while True:
+            if self.closing:
+                raise ShuttingDown("server is shutting down")
+            model = self.loaded.get(key)
+            if model is not None and model.load_key == want and not model.unloading:
+                self._take(model, keep)
+                return model
+            if model is not None:  # loaded with other load-time options: reload once it is idle
+                if model.refs > 0:
+                    await self._wait_change()
+                    continue
+                await self._unload(model)
+                continue
+            if len(self.loaded) >= max(1, self.cfg.max_loaded_models):
+                idle = [m for m in self.loaded.values() if m.refs == 0]
+                if not idle:
+                    await self._wait_change()
+                    continue
+                await self._unload(min(idle, key=lambda m: m.last_used))
+                continue
+            break
+        # Load in a task of its own: a client that leaves mid-load must not leak the runner.
+        task = asyncio.ensure_future(self._load(name, stored, key, options, want, keep))
+        try:
+            model = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._orphaned)
+            raise
+        self._take(model, keep)
+        return model
+
+    def _orphaned(self, task: asyncio.Future) -> None:
+        """The request that loaded a model left before taking it: let keep-alive decide."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        model: LoadedModel = task.result()
+        if model.refs == 0:
+            self._arm(model)
+
+    async def _load(self, name: str, stored: store.StoredModel, key: str, options: Options,
+                    want: tuple, keep: float) -> LoadedModel:
+        log.info("loading model %s (num_ctx=%d, num_batch=%d, num_thread=%d, parallel=%d)",
+                 stored.name, want[0], want[1], want[2], self.cfg.num_parallel)
+        loaded_runner = await in_thread(self._load_fn, name, options, self.cfg)
+        model = LoadedModel(key=key, name=stored.name, stored=stored, runner=loaded_runner,
+                            load_key=want, keep_alive=keep)
+        self.loaded[key] = model
+        log.info("loaded %s in %.2fs (%s engine)", stored.name, loaded_runner.load_duration / 1e9,
+                 loaded_runner.engine)
+        self._notify()
+        return model
+
+    def _take(self, model: LoadedModel, keep: float) -> None:
+        model.refs += 1
+        model.keep_alive = keep
+        model.last_used = time.monotonic()
+        if model.timer is not None:
+            model.timer.cancel()
+            model.timer = None
+        model.expires_at = self._expiry(keep)
+
+    def release(self, model: LoadedModel) -> None:
+        """The request is done with ``model``: unload or arm the keep-alive timer when idle."""
+        model.refs = max(0, model.refs - 1)
+        model.last_used = time.monotonic()
+        model.expires_at = self._expiry(model.keep_alive)
+        if model.refs == 0 and not model.unloading:
+            self._arm(model)
+        self._notify()
+
+    def _expiry(self, keep: float) -> datetime:
+        now = datetime.now(timezone.utc)
+        if keep < 0 or keep >= FOREVER_SECONDS:
+            return now + FOREVER
+        return now + timedelta(seconds=keep)
+
+    def _arm(self, model: LoadedModel) -> None:
+        if model.timer is not None:
+            model.timer.cancel()
+            model.timer = None
+        if model.refs > 0 or model.unloading:
+            return
+        if model.keep_alive == 0:
+            self._spawn_unload(model)
+        elif 0 < model.keep_alive < FOREVER_SECONDS:
+            loop = asyncio.get_running_loop()
+            model.timer = loop.call_later(model.keep_alive, self._expire, model)
+
+    def _expire(self, model: LoadedModel) -> None:
+        model.timer = None
+        if model.refs == 0 and not model.unloading and self.loaded.get(model.key) is model:
+            log.info("keep-alive expired for %s", model.name)
+            self._spawn_unload(model)
+
+    def _spawn_unload(self, model: LoadedModel) -> None:
+        if not self._detach(model):
+            return
+        task = asyncio.ensure_future(self._close(model))
+        self._closing_tasks.add(task)
+        task.add_done_callback(self._closing_tasks.discard)
+
+    async def expire(self, model: LoadedModel) -> None:
+        """``keep_alive: 0`` with no prompt (``pollama stop``): unload now, or once idle."""
+        model.keep_alive = 0
+        model.expires_at = datetime.now(timezone.utc)
+        if model.refs == 0:
+            await self._unload(model)
+
+    def _detach(self, model: LoadedModel) -> bool:
+        """Take ``model`` out of service at once (no request can take it after this); False when
+        it already was. Closing happens after, in a thread."""
+        if model.unloading:
+            return False
+        model.unloading = True
+        if model.timer is not None:
+            model.timer.cancel()
+            model.timer = None
+        if self.loaded.get(model.key) is model:
+            del self.loaded[model.key]
+        return True
+
+    async def _unload(self, model: LoadedModel) -> None:
+        if self._detach(model):
+            await self._close(model)
+
+    async def _close(self, model: LoadedModel) -> None:
+        log.info("unloading %s", model.name)
+        try:
+            await asyncio.shield(in_thread(model.runner.close))
+        except Exception:  # closing must not take the server down
+            log.exception("error while unloading %s", model.name)
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self) -> None:
+        await self._changed.wait()
+
+    # --------------------------------------------------------------------------------- jobs
+    def start(self, begin: Callable[[], Iterator[Chunk]], cancel: threading.Event) -> Job:
+        """Start a runner stream in its own thread; it is cancelled on server shutdown."""
+        job = Job(begin, cancel)
+        if self.closing:
+            job.cancel()
+        self._jobs.add(job)
+        return job
+
+    def finish(self, job: Job) -> None:
+        """The request is done with ``job`` (its thread may still be winding down)."""
+        if job.finished.is_set():
+            self._jobs.discard(job)
+        self._jobs = {j for j in self._jobs if not j.finished.is_set()}
+
+    def cancel_all(self) -> None:
+        """Shutdown, step 1 (from the signal handler, via the loop): refuse new requests and end
+        every running stream."""
+        self.closing = True
+        for job in list(self._jobs):
+            job.cancel()
+        self._notify()
+
+    async def close(self, grace: float = 10.0) -> None:
+        """Shutdown, step 2: let the cancelled requests leave (up to ``grace`` seconds), then
+        unload every model."""
+        self.cancel_all()
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and (
+            any(m.refs for m in self.loaded.values()) or any(not j.finished.is_set() for j in self._jobs)
+        ):
+            await asyncio.sleep(0.05)
+        for model in list(self.loaded.values()):
+            await self._unload(model)
+        if self._closing_tasks:
+            await asyncio.gather(*self._closing_tasks, return_exceptions=True)

@@ -1,0 +1,241 @@
+"""What both HTTP APIs do with a request: options, keep-alive, scheduling, running, metrics.
+
+The API modules translate wire formats; this module owns the path from "a request for model X
+with these options" to a stream of runner chunks with Ollama's metrics filled in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Mapping
+
+from runner import config as _config
+from runner import store
+from runner.api import (
+    Chunk,
+    DoneReason,
+    InvalidRequest,
+    Metrics,
+    Options,
+    PollamaError,
+    Request,
+)
+
+from .scheduler import LoadedModel, Scheduler, resolve
+
+log = logging.getLogger(__name__)
+
+_INT32 = 2**31 - 1
+_MAX_TOP_LOGPROBS = 20
+_MAX_CTX = 1 << 20
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+def parse_keep_alive(value: str | float | int | None) -> float | None:
+    """A request's keep_alive in seconds (None: the server default). Raises InvalidRequest."""
+    if value is None:
+        return None
+    try:
+        seconds = _config.parse_duration(value)
+    except (ValueError, TypeError):
+        raise InvalidRequest(f"invalid keep_alive {value!r}: use a duration like \"5m\" or seconds") from None
+    if not math.isfinite(seconds):
+        raise InvalidRequest(f"invalid keep_alive {value!r}")
+    return seconds
+
+
+def check_top_logprobs(value: int) -> None:
+    if value < 0 or value > _MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs must be between 0 and {_MAX_TOP_LOGPROBS}")
+
+
+# ------------------------------------------------------------------------------- model layers
+@dataclass
+class ModelDefaults:
+    """What a store model's manifest adds: Modelfile PARAMETERs and a SYSTEM prompt."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    system: str | None = None
+
+
+def model_defaults(stored: store.StoredModel) -> ModelDefaults:
+    out = ModelDefaults()
+    params = stored.layers.get("params")
+    if params is not None:
+        try:
+            raw = json.loads(params.read_text())
+            names = set(Options.names())
+            for name, value in (raw or {}).items():
+                if name in names:
+                    out.params[name] = value
+        except (OSError, ValueError, AttributeError) as err:
+            log.warning("ignoring unreadable params of %s: %s", stored.name, err)
+    system = stored.layers.get("system")
+    if system is not None:
+        try:
+            out.system = system.read_text()
+        except OSError:
+            pass
+    return out
+
+
+def build_options(stored: store.StoredModel, values: Mapping[str, Any] | None) -> Options:
+    """Ollama's merge order: defaults → the model's PARAMETERs → the request's ``options``."""
+    base = Options()
+    defaults = model_defaults(stored)
+    if defaults.params:
+        try:
+            base = base.merged(defaults.params)
+        except PollamaError as err:
+            log.warning("ignoring the params of %s: %s", stored.name, err)
+    if values is not None and not isinstance(values, Mapping):
+        raise InvalidRequest("options must be an object")
+    options = base.merged(values)
+    _check_ranges(options)
+    return options
+
+
+def _check_ranges(options: Options) -> None:
+    """Refuse non-finite floats and clamp integers the engines would overflow or choke on.
+
+    Lengths the runner bounds itself (num_predict, num_keep, repeat_last_n) pass through;
+    ``num_ctx`` is clamped to the model's trained context at load, but a model that does not say
+    must not be asked for 2**40 cells; and a request must not be able to spawn a thousand threads.
+    """
+    for name in Options.names():
+        value = getattr(options, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"invalid value for option {name!r}: {value!r}")
+    cpus = os.cpu_count() or 1
+    options.num_thread = min(options.num_thread, 4 * cpus)
+    options.num_ctx = min(options.num_ctx, _MAX_CTX)
+    options.num_batch = min(options.num_batch, _MAX_CTX)
+    options.top_k = min(options.top_k, _INT32)
+    options.num_gpu = max(min(options.num_gpu, _INT32), -_INT32)
+    options.main_gpu = max(min(options.main_gpu, _INT32), -_INT32)
+
+
+def fit_to_runner(request: Request, model: LoadedModel) -> None:
+    """Checks and clamps that need the loaded runner (its vocabulary, its context)."""
+    opts = request.options
+    if opts.repeat_last_n > model.runner.num_ctx:
+        opts.repeat_last_n = model.runner.num_ctx
+    n_vocab = getattr(model.runner, "n_vocab", None)
+    if request.context and n_vocab is not None:
+        if any(not isinstance(t, int) or t < 0 or t >= n_vocab for t in request.context):
+            raise InvalidRequest(f"invalid context: token ids must be in [0, {n_vocab})")
+
+
+# ----------------------------------------------------------------------------------- running
+@dataclass
+class Outcome:
+    """Filled in while a generation streams: what the API layer needs for its final object."""
+
+    model: LoadedModel | None = None
+    load_duration: int = 0
+
+
+class Service:
+    """The scheduler plus the request lifecycle around it."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    @property
+    def cfg(self) -> _config.Config:
+        return self.scheduler.cfg
+
+    def resolve(self, name: str) -> store.StoredModel:
+        if not name:
+            raise InvalidRequest("model is required")
+        return resolve(name, self.cfg)
+
+    async def preload(self, name: str, options: Mapping[str, Any] | None,
+                      keep_alive: float | None) -> None:
+        """An empty prompt: load the model (or keep it loaded) and return."""
+        stored = self.resolve(name)
+        opts = build_options(stored, options)
+        model = await self.scheduler.acquire(name, opts, keep_alive)
+        self.scheduler.release(model)
+
+    async def unload(self, name: str) -> None:
+        """An empty prompt with keep_alive 0: unload now (or when its requests finish)."""
+        self.resolve(name)  # unknown names are 404 even when nothing is loaded
+        model = self.scheduler.find(name)
+        if model is not None:
+            await self.scheduler.expire(model)
+
+    async def stream(self, name: str, request: Request, raw_options: Mapping[str, Any] | None,
+                     keep_alive: float | None, chat: bool, t0: int, outcome: Outcome) -> AsyncIterator[Chunk]:
+        """Schedule and run one generate/chat; the final chunk's metrics carry load and total
+        durations measured from ``t0`` (the handler's start). Errors raise from the iterator."""
+        stored = self.resolve(name)
+        request.options = build_options(stored, raw_options)
+        if request.system is None:
+            request.system = model_defaults(stored).system
+        check_top_logprobs(request.top_logprobs)
+        model = await self.scheduler.acquire(name, request.options, keep_alive)
+        outcome.model = model
+        outcome.load_duration = now_ns() - t0
+        job = None
+        try:
+            fit_to_runner(request, model)
+            runner = model.runner
+
+            def begin() -> Iterator[Chunk]:
+                try:
+                    return runner.chat(request) if chat else runner.generate(request)
+                except PollamaError:
+                    raise
+                except Exception as err:
+                    if request.template:  # a user's template failing at render time is their error
+                        raise InvalidRequest(f"template error: {err}") from None
+                    raise
+
+            job = self.scheduler.start(begin, request.cancel)
+            async for chunk in job.chunks():
+                if chunk.done:
+                    metrics = chunk.metrics or Metrics()
+                    metrics.load_duration = outcome.load_duration
+                    metrics.total_duration = now_ns() - t0
+                    chunk.metrics = metrics
+                    if chunk.done_reason is DoneReason.CONNECTION_CLOSED:
+                        # only a shutdown cancels a stream whose client is still there
+                        raise PollamaError("server is shutting down")
+                yield chunk
+                if chunk.done:
+                    return
+        finally:
+            if job is not None:
+                job.cancel()
+                self.scheduler.finish(job)
+            self.scheduler.release(model)
+
+    async def embed(self, name: str, texts: list[str], truncate: bool, raw_options: Mapping[str, Any] | None,
+                    keep_alive: float | None, t0: int) -> tuple[list[list[float]], int, int]:
+        """(vectors, prompt tokens, load duration ns). An empty ``texts`` only loads the model."""
+        from .scheduler import in_thread
+
+        stored = self.resolve(name)
+        opts = build_options(stored, raw_options)
+        model = await self.scheduler.acquire(name, opts, keep_alive)
+        load_ns = now_ns() - t0
+        if not texts:
+            self.scheduler.release(model)
+            return [], 0, load_ns
+        work = in_thread(model.runner.embed, texts, truncate)
+        # The runner cannot cancel an embedding: a client that leaves keeps the model in use
+        # until the work is done, so keep-alive and eviction see the truth.
+        work.add_done_callback(lambda _: self.scheduler.release(model))
+        result = await asyncio.shield(work)
+        return result.vectors, result.prompt_eval_count, load_ns
+

@@ -1,0 +1,85 @@
+"""Fuzz every operation of the server's OpenAPI schema with schemathesis: no request may get a 5xx.
+
+Generated bodies keep their shapes and values, with two nudges so the run stays short: a body's
+``model`` is stories260K (1.2 MB, so loads and generations take milliseconds; other names are
+covered by the error tests) and generation lengths are capped.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import schemathesis
+from schemathesis import GenerationMode
+from hypothesis import HealthCheck, Phase, given, settings
+
+from conftest import STORIES
+from serverproc import ServerProcess
+
+STORIES_PATH = str(STORIES)
+GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions"}
+
+
+@pytest.fixture(scope="module")
+def fuzz_server():
+    proc = ServerProcess({"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_CONTEXT_LENGTH": "256",
+                          "OLLAMA_MAX_LOADED_MODELS": "2"}).start()
+    yield proc
+    code = proc.stop()
+    assert code == 0, proc.last_log
+    assert "Traceback" not in proc.last_log, proc.last_log
+
+
+def _cases() -> list:
+    """(operation, mode) pairs from the app's schema, built in-process (calls go to the server).
+    Negative cases (bodies that break the schema) only exist for operations that take a body."""
+    from runner.server.app import create_app
+
+    loaded = schemathesis.openapi.from_dict(create_app().openapi())
+    out = []
+    for result in loaded.get_all_operations():
+        operation = result.ok()
+        out.append(pytest.param(operation, GenerationMode.POSITIVE,
+                                id=f"{operation.method.upper()} {operation.path}"))
+        if operation.body:
+            out.append(pytest.param(operation, GenerationMode.NEGATIVE,
+                                    id=f"{operation.method.upper()} {operation.path} (negative)"))
+    return out
+
+
+def tame(path: str, body: object) -> None:
+    """Point generation at the tiny model and keep generations short (in place)."""
+    if not isinstance(body, dict):
+        return
+    if path != "/api/copy" and "model" in body or path in GENERATING or path.startswith(("/api/embed", "/v1/embed")):
+        body["model"] = STORIES_PATH
+    if path in ("/api/generate", "/api/chat"):
+        options = body.get("options")
+        if not isinstance(options, dict):
+            options = body["options"] = {}
+        options["num_predict"] = 8
+    if path in ("/v1/chat/completions", "/v1/completions"):
+        body["max_tokens"] = 8
+        body.pop("max_completion_tokens", None)
+
+
+@pytest.mark.parametrize("operation, mode", _cases())
+def test_no_server_errors(operation, mode, fuzz_server):
+    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=mode))
+    def check(case) -> None:
+        tame(case.path, case.body)
+        response = case.call(base_url=fuzz_server.url, timeout=60)
+        assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+        if response.status_code >= 400 and response.text:
+            body = response.json()
+            assert isinstance(body, dict) and isinstance(body.get("error"), str), response.text
+
+    check()
+
+
+def test_server_still_answers_after_the_fuzz(fuzz_server):
+    r = httpx.post(fuzz_server.url + "/api/generate", timeout=60, json={
+        "model": STORIES_PATH, "prompt": "Once", "stream": False, "options": {"num_predict": 4}})
+    assert r.status_code == 200 and r.json()["eval_count"] == 4
