@@ -247,6 +247,7 @@ class Runner(Protocol):
     num_ctx: int  # per-sequence context
     num_parallel: int  # slots
     num_batch: int
+    n_vocab: int
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Stream the completion of ``request.prompt`` (templated unless ``raw``)."""

@@ -164,7 +164,14 @@ class BatchRunner:
         self._thread.start()
 
     def detokenize(self, tokens: list[int]) -> str:
+        self._check_open()
+        if any(not isinstance(t, int) or t < 0 or t >= self.n_vocab for t in tokens):
+            raise InvalidRequest(f"invalid token ids: they must be in [0, {self.n_vocab})")
         return decode_flush(b"".join(self.piece(t) for t in tokens))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LoadError("the model was unloaded")
 
     def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True) -> str:
         bos, eos = self.special_tokens
@@ -179,6 +186,7 @@ class BatchRunner:
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Validate and tokenize now (errors raise here); the returned iterator streams."""
+        self._check_open()
         t0 = _now()
         text = request.prompt
         if not request.raw:
@@ -193,6 +201,7 @@ class BatchRunner:
         return self._stream(seq)
 
     def chat(self, request: Request) -> Iterator[Chunk]:
+        self._check_open()
         t0 = _now()
         messages = list(request.messages or [])
         if request.system and not any(m.role == "system" for m in messages):
@@ -202,6 +211,7 @@ class BatchRunner:
         return self._stream(seq)
 
     def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
+        self._check_open()
         vectors, count = [], 0
         for text in texts:
             tokens = self.tokenize(text)

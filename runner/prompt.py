@@ -59,7 +59,7 @@ def render_template(
         )
     except InvalidRequest:
         raise
-    except jinja2.TemplateError as err:
+    except Exception as err:  # a template is user data: any failure in it is bad input
         raise InvalidRequest(f"chat template error: {err}") from None
 
 

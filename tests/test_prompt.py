@@ -65,3 +65,8 @@ def test_chatml_turn_prefix_on_smollm2():
         assert p2[: len(p1) + len(generated)] == p1 + generated
     finally:
         r.close()
+
+
+def test_template_runtime_errors_are_bad_input():
+    with pytest.raises(InvalidRequest, match="chat template error"):
+        prompt.render("{{ messages[0]['content'] + 1 }}", [Message("user", "a")])

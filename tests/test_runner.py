@@ -205,3 +205,16 @@ def test_cache_prompt_off_evaluates_everything(smollm):
     _, again = collect(smollm.chat(request))
     assert again.metrics.prompt_cached_count == 0
     assert again.metrics.prompt_eval_count == first.metrics.prompt_eval_count
+
+
+def test_closed_runner_and_bad_token_ids_raise_clear_errors(engine):
+    from runner.api import LoadError
+
+    r = load(STORIES, engine, num_ctx=64)
+    with pytest.raises(InvalidRequest, match="invalid token ids"):
+        r.detokenize([r.n_vocab + 5])
+    r.close()
+    for call in (lambda: r.tokenize("hi"), lambda: r.generate(Request(prompt="hi", raw=True)),
+                 lambda: r.detokenize([1])):
+        with pytest.raises(LoadError, match="unloaded"):
+            call()

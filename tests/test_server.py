@@ -34,9 +34,12 @@ def _start(env: dict[str, str] | None = None) -> ServerProcess:
     return ServerProcess(env).start()
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = _start({"OLLAMA_NUM_PARALLEL": "1", "OLLAMA_CONTEXT_LENGTH": "2048"})
+@pytest.fixture(scope="module", params=["old", "new"])
+def server(request):
+    """The main server, once per engine: every API test below runs on both."""
+    proc = _start({"OLLAMA_NUM_PARALLEL": "1", "OLLAMA_CONTEXT_LENGTH": "2048",
+                   "OLLAMA_NEW_ENGINE": "1" if request.param == "new" else "0"})
+    proc.engine = request.param
     yield proc
     code = proc.stop()
     assert code == 0, proc.last_log

@@ -192,6 +192,7 @@ class LlamaRunner(BatchRunner):
         return self._special
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self._check_open()
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (L.llama_token * capacity)()

@@ -93,6 +93,7 @@ class OllamaRunner(BatchRunner):
             self._model.close()
             raise LoadError(str(err)) from None
         self.cache = InputCache(CacheKv(self._model.cache), num_ctx * num_parallel, num_parallel, multi_user)
+        self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
         self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
         self._all_outputs = False
@@ -112,6 +113,7 @@ class OllamaRunner(BatchRunner):
         return self._special
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self._check_open()
         return self._tok.encode(text, add_special=add_special, parse_special=parse_special)
 
     def piece(self, token: int) -> bytes:
