@@ -17,7 +17,8 @@ from runner import config
 from runner.api import Options, ServerBusy
 from runner.server.scheduler import BUSY_MESSAGE, Scheduler
 
-A, B, C = str(STORIES), str(TINYSTORIES), "smollm2:135m"
+# resolved: the scheduler keys models by the real path of their file (shared/ may be a symlink)
+A, B, C = str(STORIES.resolve()), str(TINYSTORIES.resolve()), "smollm2:135m"
 
 
 class FakeRunner:
