@@ -18,7 +18,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-llama_cpp = pytest.importorskip("llama_cpp")
+import llama_cpp  # noqa: E402  (a hard dependency: the reference implementation)
 
 from runner.kvcache.cache import KvCacheFull  # noqa: E402
 from runner.ml.backend import BackendOptions  # noqa: E402
@@ -177,7 +177,7 @@ def flash(request: pytest.FixtureRequest) -> bool:
 @pytest.mark.parametrize("path", REAL_MODELS)
 def test_prompt_logits_match_llama_cpp(path: Path, flash: bool) -> None:
     if not path.exists():
-        pytest.skip(f"{path} not available")
+        pytest.fail(f"{path} not available")
     ref = LlamaCppRef(path, flash=flash)
     model = _open(path, flash)
     try:
@@ -210,7 +210,7 @@ def _greedy(step, first: np.ndarray, start: int, n: int) -> list[int]:
 @pytest.mark.parametrize("path", REAL_MODELS)
 def test_greedy_64_tokens_match_llama_cpp(path: Path, flash: bool) -> None:
     if not path.exists():
-        pytest.skip(f"{path} not available")
+        pytest.fail(f"{path} not available")
     ref = LlamaCppRef(path, flash=flash)
     model = _open(path, flash)
     try:
@@ -232,7 +232,7 @@ def test_greedy_across_history_blocks_and_shift() -> None:
     (remove the middle, re-RoPE the rest) and more decoding; compare with llama.cpp's
     seq_rm + seq_add."""
     if not SMOLLM2.exists():
-        pytest.skip("SmolLM2 not available")
+        pytest.fail("SmolLM2 not available")
     ref = LlamaCppRef(SMOLLM2, flash=True)
     model = _open(SMOLLM2, True)
     try:
@@ -266,7 +266,7 @@ def test_greedy_across_history_blocks_and_shift() -> None:
 def test_two_sequences_in_one_batch() -> None:
     """Two sequences interleaved in the same batches (shared cache, per-sequence masks)."""
     if not TINYSTORIES.exists():
-        pytest.skip("TinyStories not available")
+        pytest.fail("TinyStories not available")
     ref = LlamaCppRef(TINYSTORIES, flash=True, n_seq=2)
     model = _open(TINYSTORIES, True, num_ctx=1024, n_seq=2)
     try:
@@ -298,7 +298,7 @@ def test_quantized_kv_cache_matches_llama_cpp(kv_type: str, ggml_type: int, monk
     """KV cache stored as q8_0/q4_0 (flash attention). llama.cpp now rotates Q/K/V by a Hadamard
     matrix before quantizing the cache; Ollama's engine does not, so compare with that off."""
     if not SMOLLM2.exists():
-        pytest.skip("SmolLM2 not available")
+        pytest.fail("SmolLM2 not available")
     monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
     ref = LlamaCppRef(SMOLLM2, flash=True, kv_type=ggml_type)
     model = load(SMOLLM2, BackendOptions(num_threads=THREADS, flash_attention=True))
@@ -433,7 +433,7 @@ def test_random_qwen2_matches_llama_cpp(qwen2_path: Path, flash: bool) -> None:
 # ---------------------------------------------------------------------------------- loading
 def test_load_is_fast_and_keeps_stored_types() -> None:
     if not SMOLLM2.exists():
-        pytest.skip("SmolLM2 not available")
+        pytest.fail("SmolLM2 not available")
     t0 = time.perf_counter()
     model = load(SMOLLM2, BackendOptions(num_threads=THREADS))
     elapsed = time.perf_counter() - t0

@@ -126,14 +126,9 @@ def test_repeat_last_n_window_and_off() -> None:
     assert s.history.maxlen == 10
 
 
-llama_cpp = None
-try:  # the penalties are checked against llama.cpp's implementation when it is installed
-    import llama_cpp  # type: ignore[no-redef]
-except ImportError:  # pragma: no cover
-    pass
+import llama_cpp  # noqa: E402  (the penalties are checked against llama.cpp's own implementation)
 
 
-@pytest.mark.skipif(llama_cpp is None, reason="llama-cpp-python not installed")
 @pytest.mark.parametrize(
     "repeat,freq,present,last_n",
     [(1.1, 0.0, 0.0, 64), (1.5, 0.2, 0.3, 8), (0.8, -0.1, 0.5, 16), (1.0, 0.5, 0.0, 64)],

@@ -18,7 +18,7 @@ from runner.api import InvalidModel, InvalidRequest
 from runner.model import Tokenizer, load_tokenizer
 from runner.model.tokenizer import TokenAttr
 
-llama_cpp = pytest.importorskip("llama_cpp")
+import llama_cpp  # noqa: E402  (a hard dependency: the reference implementation)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 VOCAB_DIR = SHARED / "vocab"
@@ -46,7 +46,7 @@ BPE_MODELS = ["smollm2", "vocab-gpt-2", "vocab-llama-bpe", "vocab-qwen2"]
 def _model_path(name: str) -> Path:
     path = MODELS[name]
     if path is None or not path.exists():
-        pytest.skip(f"model {name} not available")
+        pytest.fail(f"model {name} not available")
     return path
 
 
@@ -67,7 +67,7 @@ def _read_vectors(name: str) -> list[tuple[str, list[int]]]:
     """Inputs and expected ids, split exactly as llama.cpp's tests/test-tokenizer-0.cpp does."""
     base = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
     if not (base.parent / (base.name + ".inp")).exists():
-        pytest.skip(f"no test vectors for {name}")
+        pytest.fail(f"no test vectors for {name}")
     raw = (base.parent / (base.name + ".inp")).read_bytes().decode("utf-8")
     inputs: list[str] = []
     pos = 0
