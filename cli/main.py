@@ -101,8 +101,6 @@ def run(
         interactive = False
     if not sys.stdout.isatty():
         interactive = False
-    if cfg.new_engine:
-        pass  # runner.load prints the notice when the new engine cannot run the model
     try:
         with render.Spinner(enabled=interactive or None):
             loaded = runner.load(model, options, cfg)

@@ -49,8 +49,6 @@ _FILE_TYPES = {
 def model_info(stored: store.StoredModel) -> ModelInfo:
     """Read what a GGUF says about itself (fast: arrays are skipped). Raises InvalidModel."""
     header = store.read_gguf_header(stored.path)
-    params = 0
-    basename = header.get("general.size_label")
     return ModelInfo(
         name=stored.name,
         path=str(stored.path),
@@ -58,10 +56,10 @@ def model_info(stored: store.StoredModel) -> ModelInfo:
         size=stored.size,
         context_length=int(header.arch_value("context_length", 0) or 0),
         embedding_length=int(header.arch_value("embedding_length", 0) or 0),
-        parameter_count=params,
+        parameter_count=0,  # not in every GGUF; general.size_label says it when present
         quantization=_FILE_TYPES.get(int(header.get("general.file_type", -1)), "unknown"),
         chat_template=header.get("tokenizer.chat_template"),
-        metadata={**header.metadata, "general.size_label": basename},
+        metadata=dict(header.metadata),
     )
 
 
