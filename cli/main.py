@@ -90,7 +90,11 @@ def run(
         raise _fail(f'invalid format "{format}": only "json" is supported')
     model, words = _split_model_and_prompt(list(args or []), cfg)
     user_options = _parse_options(option)
-    options = Options().merged(user_options)
+    try:
+        defaults = store.model_defaults(store.resolve(model, cfg))
+        options = Options().merged(defaults.params).merged(user_options)
+    except PollamaError as err:
+        raise _fail(str(err))
     prompts = list(words)
     interactive = True
     if not sys.stdin.isatty():
@@ -108,15 +112,16 @@ def run(
         raise _fail(str(err))
     try:
         if interactive:
-            session = Session(model=model, runner=loaded, options=user_options, verbose=verbose,
-                              wordwrap=not nowordwrap, format=format or None)
+            session = Session(model=model, runner=loaded, options={**defaults.params, **user_options},
+                              verbose=verbose, wordwrap=not nowordwrap, format=format or None,
+                              system=defaults.system)
             repl(session, nohistory=cfg.nohistory)
             loaded = session.runner
             return
         text = " ".join(prompts)
         if not text.strip():
             return  # nothing to say: the model was loaded (Ollama's preload), done
-        request = Request(prompt=text, options=options, format=format or None)
+        request = Request(prompt=text, system=defaults.system, options=options, format=format or None)
         writer = render.StreamWriter(wordwrap=not nowordwrap)
         _, final = stream_response(loaded.generate(request), writer)
         if verbose and final is not None and final.metrics is not None:

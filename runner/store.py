@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import re
 import struct
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from . import config as _config
-from .api import InvalidModel, ModelNotFound
+from .api import InvalidModel, ModelNotFound, Options
 
 DEFAULT_MODEL = "smollm2:135m"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,6 +28,7 @@ DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -307,3 +309,34 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
             f"{path.name} is truncated: its tensors need {header.data_end:,} bytes, the file has {size:,}"
         )
     return header
+
+
+# ------------------------------------------------------------------------- Modelfile layers
+@dataclass
+class ModelDefaults:
+    """What a store model's manifest adds: Modelfile PARAMETERs and a SYSTEM prompt."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    system: str | None = None
+
+
+def model_defaults(stored: StoredModel) -> ModelDefaults:
+    """The PARAMETERs and SYSTEM a store model's manifest carries (empty for files and the default)."""
+    out = ModelDefaults()
+    params = stored.layers.get("params")
+    if params is not None:
+        try:
+            raw = json.loads(params.read_text())
+            names = set(Options.names())
+            for name, value in (raw or {}).items():
+                if name in names:
+                    out.params[name] = value
+        except (OSError, ValueError, AttributeError) as err:
+            log.warning("ignoring unreadable params of %s: %s", stored.name, err)
+    system = stored.layers.get("system")
+    if system is not None:
+        try:
+            out.system = system.read_text()
+        except OSError:
+            pass
+    return out

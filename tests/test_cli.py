@@ -11,7 +11,7 @@ import sys
 import pexpect
 import pytest
 
-from tests.conftest import STORIES
+from tests.conftest import SMOLLM2, STORIES
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -198,3 +198,35 @@ def test_new_engine_flag_on_unsupported_model_falls_back_with_a_notice(_isolated
     notices = [ln for ln in out.stderr.splitlines() if "new engine" in ln]
     assert len(notices) == 1 and "gpt2" in notices[0]
     assert "engine:               old" in out.stderr
+
+
+def test_store_model_parameters_and_system_apply(_isolated_home, tmp_path):
+    """A model pulled with Ollama carries PARAMETER and SYSTEM layers: `run` honours them, and
+    -o still wins over the model's parameters."""
+    import hashlib
+    import json
+
+    from tests.test_store import install_in_store
+
+    models = tmp_path / "models"
+    install_in_store(models, "smol", "latest", SMOLLM2)
+    manifest_file = models / "manifests" / "registry.ollama.ai" / "library" / "smol" / "latest"
+    manifest = json.loads(manifest_file.read_text())
+    for media, data in (("params", json.dumps({"num_predict": 3, "temperature": 0}).encode()),
+                        ("system", b"You are a pirate.")):
+        digest = hashlib.sha256(data).hexdigest()
+        (models / "blobs" / f"sha256-{digest}").write_bytes(data)
+        manifest["layers"].append({"mediaType": f"application/vnd.ollama.image.{media}",
+                                   "digest": f"sha256:{digest}", "size": len(data)})
+    manifest_file.write_text(json.dumps(manifest))
+    out = run_cli(["run", "smol", "Hello", "--verbose"], _isolated_home, OLLAMA_MODELS=str(models))
+    assert out.returncode == 0, out.stderr
+    assert "eval count:           3 token(s)" in out.stderr
+    out = run_cli(["run", "smol", "Hello", "--verbose", "-o", "num_predict=5"], _isolated_home, OLLAMA_MODELS=str(models))
+    assert "eval count:           5 token(s)" in out.stderr
+    child = spawn_repl(_isolated_home, "smol", OLLAMA_MODELS=str(models))
+    child.sendline("/show system")
+    child.expect_exact("You are a pirate.")
+    child.expect_exact(">>> ")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)

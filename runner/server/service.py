@@ -7,12 +7,11 @@ with these options" to a stream of runner chunks with Ollama's metrics filled in
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, Mapping
 
 from runner import config as _config
@@ -58,40 +57,10 @@ def check_top_logprobs(value: int) -> None:
         raise InvalidRequest(f"top_logprobs must be between 0 and {_MAX_TOP_LOGPROBS}")
 
 
-# ------------------------------------------------------------------------------- model layers
-@dataclass
-class ModelDefaults:
-    """What a store model's manifest adds: Modelfile PARAMETERs and a SYSTEM prompt."""
-
-    params: dict[str, Any] = field(default_factory=dict)
-    system: str | None = None
-
-
-def model_defaults(stored: store.StoredModel) -> ModelDefaults:
-    out = ModelDefaults()
-    params = stored.layers.get("params")
-    if params is not None:
-        try:
-            raw = json.loads(params.read_text())
-            names = set(Options.names())
-            for name, value in (raw or {}).items():
-                if name in names:
-                    out.params[name] = value
-        except (OSError, ValueError, AttributeError) as err:
-            log.warning("ignoring unreadable params of %s: %s", stored.name, err)
-    system = stored.layers.get("system")
-    if system is not None:
-        try:
-            out.system = system.read_text()
-        except OSError:
-            pass
-    return out
-
-
 def build_options(stored: store.StoredModel, values: Mapping[str, Any] | None) -> Options:
     """Ollama's merge order: defaults → the model's PARAMETERs → the request's ``options``."""
     base = Options()
-    defaults = model_defaults(stored)
+    defaults = store.model_defaults(stored)
     if defaults.params:
         try:
             base = base.merged(defaults.params)
@@ -181,7 +150,7 @@ class Service:
         stored = self.resolve(name)
         request.options = build_options(stored, raw_options)
         if request.system is None:
-            request.system = model_defaults(stored).system
+            request.system = store.model_defaults(stored).system
         check_top_logprobs(request.top_logprobs)
         model = await self.scheduler.acquire(name, request.options, keep_alive)
         outcome.model = model
