@@ -140,6 +140,8 @@ def test_tags_show_ps(client, server):
     running = client.ps().models
     smol = next(m for m in running if m.model == SMOL)
     assert smol.context_length == 2048 and smol.size > entry.size and smol.expires_at is not None
+    ps = httpx.get(server.url + "/api/ps").json()["models"]
+    assert next(m for m in ps if m["model"] == SMOL)["engine"] == server.engine
 
     r = httpx.post(server.url + "/api/show", json={"model": "no-such-model"})
     assert r.status_code == 404 and r.json() == {"error": 'model "no-such-model" not found'}

@@ -142,6 +142,7 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
         "expires_at": iso(model.expires_at) if model.expires_at else "0001-01-01T00:00:00Z",
         "size_vram": 0,
         "context_length": runner.num_ctx,
+        "engine": runner.engine,  # beyond Ollama: "old" (llama.cpp) or "new" (our GGML code)
     }
 
 
