@@ -19,7 +19,7 @@ from runner.api import Chunk, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
 from .http import NDJSON, JSON, RunnerResponse, dumps, now_iso
-from .service import Outcome, Service, now_ns, parse_keep_alive
+from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
 router = APIRouter()
 
@@ -219,17 +219,9 @@ def _generation_response(svc: Service, *, model: str, request: Request, options:
             await chunks.aclose()
 
     async def single() -> AsyncIterator[bytes]:
-        chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
-        texts: list[str] = []
-        lps: list[TokenLogprob] = []
-        try:
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                lps.extend(chunk.logprobs or [])
-                if chunk.done:
-                    yield dumps(final(chunk, "".join(texts), lps))
-        finally:
-            await chunks.aclose()
+        text, lps, last = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
+        if last is not None:
+            yield dumps(final(last, text, lps))
 
     return RunnerResponse(ndjson if stream else single, NDJSON if stream else JSON,
                           on_close=request.cancel.set)

@@ -24,7 +24,7 @@ from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, Toke
 from . import models as _models
 from .http import JSON, SSE, RunnerResponse, dumps
 from .ollama_api import normalize_dims, service
-from .service import Outcome, Service, now_ns, parse_keep_alive
+from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
 router = APIRouter(prefix="/v1")
 
@@ -222,19 +222,11 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
             await chunks.aclose()
 
     async def single() -> AsyncIterator[bytes]:
-        chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
-        texts: list[str] = []
-        lps: list[TokenLogprob] = []
-        try:
-            async for chunk in chunks:
-                texts.append(chunk.text)
-                lps.extend(chunk.logprobs or [])
-                if chunk.done:
-                    body = envelope([choice("".join(texts), finish_reason(chunk), lps, False)])
-                    body["usage"] = usage(chunk)
-                    yield dumps(body)
-        finally:
-            await chunks.aclose()
+        text, lps, last = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
+        if last is not None:
+            body = envelope([choice(text, finish_reason(last), lps, False)])
+            body["usage"] = usage(last)
+            yield dumps(body)
 
     return RunnerResponse(events if stream else single, SSE if stream else JSON, on_close=request.cancel.set)
 

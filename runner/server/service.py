@@ -24,6 +24,7 @@ from runner.api import (
     Options,
     PollamaError,
     Request,
+    TokenLogprob,
 )
 
 from .scheduler import LoadedModel, Scheduler, resolve
@@ -208,3 +209,18 @@ class Service:
         result = await asyncio.shield(work)
         return result.vectors, result.prompt_eval_count, load_ns
 
+
+async def collect(chunks: AsyncIterator[Chunk]) -> tuple[str, list[TokenLogprob], Chunk | None]:
+    """A whole answer from a stream (``stream: false``): its text, logprobs and final chunk."""
+    texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    final = None
+    try:
+        async for chunk in chunks:
+            texts.append(chunk.text)
+            logprobs.extend(chunk.logprobs or [])
+            if chunk.done:
+                final = chunk
+    finally:
+        await chunks.aclose()
+    return "".join(texts), logprobs, final
