@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 
 # --------------------------------------------------------------------------------------- errors
@@ -254,6 +254,11 @@ class Runner(Protocol):
 
     def chat(self, request: Request) -> Iterator[Chunk]:
         """Stream the assistant's answer to ``request.messages`` rendered with the chat template."""
+
+    def submit(self, request: Request, chat: bool, deliver: Callable[[Chunk | PollamaError], None]) -> None:
+        """Push form of ``generate``/``chat`` (for an event loop): errors in the request raise
+        here; then the runner's thread calls ``deliver`` with each chunk, ending with a done chunk
+        or an error. ``deliver`` must return at once."""
 
     def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
         """Mean-pooled, L2-normalised embeddings of each text."""

@@ -8,8 +8,10 @@ and each sampled token goes through EOS / stop / UTF-8 / num_predict handling be
 streamed.
 
 Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
-to the waiting queue (under ``_lock``) and read their sequence's output queue; cancelling sets an
-Event the loop checks before each batch.
+to the waiting queue (under ``_lock``) and receive their sequence's output: from a queue they
+iterate (:meth:`BatchRunner.generate`, :meth:`BatchRunner.chat`), or pushed to a callback by the
+loop thread itself (:meth:`BatchRunner.submit`, for an event loop that should not spend a thread
+per stream). Cancelling sets an Event the loop checks before each batch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -65,7 +67,7 @@ class Sequence:
     stops: list[bytes]
     embedding: bool = False
     t_request: int = field(default_factory=_now)
-    out: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    out: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item); see submit()
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the loop
     slot: Slot | None = None
@@ -87,6 +89,15 @@ class Sequence:
 
     def is_cancelled(self) -> bool:
         return self.cancelled.is_set() or self.request.cancel.is_set()
+
+
+class _Push:
+    """A sequence's output that hands each item to a callback instead of queuing it."""
+
+    __slots__ = ("put",)
+
+    def __init__(self, deliver: Callable[[Any], None]) -> None:
+        self.put = deliver
 
 
 class BatchRunner:
@@ -186,8 +197,32 @@ class BatchRunner:
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Validate and tokenize now (errors raise here); the returned iterator streams."""
+        return self._stream(self._prepare(request, chat=False))
+
+    def chat(self, request: Request) -> Iterator[Chunk]:
+        return self._stream(self._prepare(request, chat=True))
+
+    def submit(self, request: Request, chat: bool, deliver: Callable[[Any], None]) -> None:
+        """Push form of :meth:`generate` / :meth:`chat`.
+
+        Validation errors raise here. Afterwards the loop thread calls ``deliver`` with each
+        :class:`Chunk`; the last call is a done chunk or a :class:`PollamaError` (also when the
+        request is cancelled before it got a slot, or the runner closes). ``deliver`` runs on the
+        loop thread, between batches: it must return at once and must not raise.
+        """
+        seq = self._prepare(request, chat)
+        seq.out = _Push(deliver)
+        self._enqueue(seq)
+
+    def _prepare(self, request: Request, chat: bool) -> Sequence:
         self._check_open()
         t0 = _now()
+        if chat:
+            messages = list(request.messages or [])
+            if request.system and not any(m.role == "system" for m in messages):
+                messages.insert(0, Message("system", request.system))
+            text = self.render_chat(messages, request.template, truncate=request.truncate)
+            return self._new_sequence(self.tokenize(text), request, t0)
         text = request.prompt
         if not request.raw:
             messages = []
@@ -197,18 +232,7 @@ class BatchRunner:
             text = self.render_chat(messages, request.template, truncate=False)
         if request.context:
             text = self.detokenize(list(request.context)) + text
-        seq = self._new_sequence(self.tokenize(text), request, t0)
-        return self._stream(seq)
-
-    def chat(self, request: Request) -> Iterator[Chunk]:
-        self._check_open()
-        t0 = _now()
-        messages = list(request.messages or [])
-        if request.system and not any(m.role == "system" for m in messages):
-            messages.insert(0, Message("system", request.system))
-        text = self.render_chat(messages, request.template, truncate=request.truncate)
-        seq = self._new_sequence(self.tokenize(text), request, t0)
-        return self._stream(seq)
+        return self._new_sequence(self.tokenize(text), request, t0)
 
     def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
         self._check_open()
@@ -273,12 +297,15 @@ class BatchRunner:
         stops = [s.encode("utf-8") for s in opts.stop if s]
         return Sequence(request, tokens, num_keep, num_predict, stops, t_request=t0)
 
-    def _stream(self, seq: Sequence) -> Iterator[Any]:
+    def _enqueue(self, seq: Sequence) -> None:
         with self._lock:
             if self._closed:
                 raise LoadError("the model was unloaded")
             self._waiting.append(seq)
             self._lock.notify_all()
+
+    def _stream(self, seq: Sequence) -> Iterator[Any]:
+        self._enqueue(seq)
         try:
             while True:
                 item = seq.out.get()
@@ -314,11 +341,18 @@ class BatchRunner:
                         self._release(i, seq)
 
     def _admit(self) -> None:
-        """Give free sequence entries to waiting sequences, in arrival order (lock held)."""
+        """Give free sequence entries to waiting sequences, in arrival order (lock held).
+
+        A waiting sequence whose request was cancelled leaves the queue at once, with a last
+        chunk, so its stream ends now rather than when a slot frees up.
+        """
+        if any(seq.is_cancelled() for seq in self._waiting):
+            for seq in [seq for seq in self._waiting if seq.is_cancelled()]:
+                self._waiting.remove(seq)
+                seq.out.put(Chunk(done=True, done_reason=DoneReason.CONNECTION_CLOSED,
+                                  metrics=Metrics(total_duration=_now() - seq.t_request)))
         while self._waiting and None in self._seqs:
             seq = self._waiting.popleft()
-            if seq.is_cancelled():
-                continue
             i = self._seqs.index(None)
             try:
                 sampler = None if seq.embedding else self._engine_new_sampler(seq)

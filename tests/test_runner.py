@@ -218,3 +218,70 @@ def test_closed_runner_and_bad_token_ids_raise_clear_errors(engine):
                  lambda: r.detokenize([1])):
         with pytest.raises(LoadError, match="unloaded"):
             call()
+
+
+class _Inbox:
+    """What ``submit`` delivers, with the thread each item arrived on."""
+
+    def __init__(self):
+        self.items, self.threads, self.ended = [], set(), threading.Event()
+
+    def __call__(self, item):
+        self.items.append(item)
+        self.threads.add(threading.current_thread().name)
+        if isinstance(item, Exception) or item.done:
+            self.ended.set()
+
+    def wait(self):
+        assert self.ended.wait(120), "the stream never ended"
+        return self.items
+
+
+def test_submit_pushes_the_stream_from_the_loop_thread(engine):
+    r = load(TINYSTORIES, engine, num_ctx=256)
+    try:
+        text, _ = generate(r, "Once upon a time", options={"num_predict": 16})
+        inbox = _Inbox()
+        r.submit(Request(prompt="Once upon a time", raw=True,
+                         options=Options().merged({**GREEDY, "num_predict": 16})), False, inbox)
+        items = inbox.wait()
+        assert "".join(c.text for c in items) == text
+        assert items[-1].done_reason is DoneReason.LENGTH and items[-1].metrics.eval_count == 16
+        assert sum(c.done for c in items) == 1
+        assert inbox.threads == {r._thread.name}  # no thread per stream: the batch loop delivers
+        with pytest.raises(PromptTooLong):  # bad requests fail at submit, not in the stream
+            r.submit(Request(prompt="Once upon a time " * 100, raw=True, truncate=False), False, _Inbox())
+    finally:
+        r.close()
+
+
+def test_cancelled_before_a_slot_still_ends_its_stream(engine):
+    """One slot: B waits behind A. Cancelling B ends B's stream at once (pushed or iterated)."""
+    r = load(STORIES, engine, num_ctx=512)  # greedy stories260K never says EOS here: A keeps its slot
+    try:
+        long = Options().merged({**GREEDY, "num_predict": -1})  # 10 × num_ctx tokens, through shifts
+        a = Request(prompt="Once upon a time", raw=True, options=long)
+        a_inbox = _Inbox()
+        r.submit(a, False, a_inbox)
+        b = Request(prompt="The little dog", raw=True, options=long)
+        b_inbox = _Inbox()
+        r.submit(b, False, b_inbox)
+        c = Request(prompt="Lily wanted to", raw=True, options=long)
+        c_stream = r.generate(c)
+        b.cancel.set()
+        c.cancel.set()
+        (b_last,) = b_inbox.wait()
+        assert b_last.done and b_last.done_reason is DoneReason.CONNECTION_CLOSED and b_last.metrics.eval_count == 0
+        c_items = list(c_stream)  # an iterator whose request is cancelled while it waits ends too
+        assert c_items[-1].done_reason is DoneReason.CONNECTION_CLOSED
+        assert not a_inbox.ended.is_set()  # A kept its slot and is still generating
+        a.cancel.set()
+        assert a_inbox.wait()[-1].done_reason is DoneReason.CONNECTION_CLOSED
+        assert r.pending() == 0
+        # a runner that closes ends the pushed streams it holds with an error
+        d_inbox = _Inbox()
+        r.submit(Request(prompt="Once upon a time", raw=True, options=long), False, d_inbox)
+        r.close()
+        assert isinstance(d_inbox.wait()[-1], Exception)
+    finally:
+        r.close()

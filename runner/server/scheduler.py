@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import runner as _runner
 from runner import config as _config
@@ -92,53 +92,77 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: A
         pass
 
 
-_END = object()
+class Inbox:
+    """Items from runner threads to asyncio queues, with one event-loop wake-up per burst.
+
+    A runner's loop thread finishes a batch and hands each of its streams a chunk within a few
+    microseconds: the first item of a burst schedules one drain on the event loop, the rest ride
+    along. That keeps the threads that wake per token to one (the event loop), which matters on
+    a machine whose cores are all busy decoding.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, Any]] = []
+
+    def post(self, queue: "asyncio.Queue[Any]", item: Any) -> None:
+        """Any thread: put ``item`` on ``queue`` (which belongs to the event loop) soon."""
+        with self._lock:
+            self._items.append((queue, item))
+            first = len(self._items) == 1
+        if first:
+            _call_soon(self._loop, self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, item in items:
+            queue.put_nowait(item)
 
 
 class Job:
-    """A runner stream (``generate``/``chat``) pumped by its own thread onto the event loop.
+    """A runner stream (``generate``/``chat``) whose chunks the runner pushes onto the event loop.
 
-    ``start`` runs in the thread too, so the runner's eager validation (template rendering,
-    tokenization) never blocks the loop; its errors arrive as the first item. :meth:`cancel` sets
-    the request's cancel event: the runner ends the sequence at its next batch, frees the slot,
-    and the pump thread finishes by itself.
+    ``start(deliver)`` runs in a short-lived thread, so the runner's eager validation (template
+    rendering, tokenization) never blocks the loop; it hands the request to the runner
+    (:meth:`Runner.submit`), whose loop thread then calls ``deliver`` per chunk. Its errors arrive
+    as the stream's first item. :meth:`cancel` sets the request's cancel event: the runner ends the
+    sequence at its next batch, frees the slot and delivers the last chunk, which marks the job
+    finished.
     """
 
-    def __init__(self, start: Callable[[], Iterator[Chunk]], cancel: threading.Event) -> None:
-        self._loop = asyncio.get_running_loop()
+    def __init__(self, start: Callable[[Callable[[Any], None]], None], cancel: threading.Event,
+                 inbox: Inbox) -> None:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._inbox = inbox
         self._cancel = cancel
         self.finished = threading.Event()
-        threading.Thread(target=self._pump, args=(start,), name="pollama-job", daemon=True).start()
+        threading.Thread(target=self._start, args=(start,), name="pollama-job", daemon=True).start()
 
-    def _pump(self, start: Callable[[], Iterator[Chunk]]) -> None:
+    def _start(self, start: Callable[[Callable[[Any], None]], None]) -> None:
         try:
-            chunks = start()
-            try:
-                for chunk in chunks:
-                    _call_soon(self._loop, self._queue.put_nowait, chunk)
-            finally:
-                close = getattr(chunks, "close", None)
-                if close is not None:
-                    close()
+            start(self._deliver)
         except BaseException as err:
-            _call_soon(self._loop, self._queue.put_nowait, err)
-        finally:
+            self._deliver(err)
+
+    def _deliver(self, item: Any) -> None:
+        if isinstance(item, BaseException) or (isinstance(item, Chunk) and item.done):
             self.finished.set()
-            _call_soon(self._loop, self._queue.put_nowait, _END)
+        self._inbox.post(self._queue, item)
 
     def cancel(self) -> None:
         self._cancel.set()
 
     async def chunks(self) -> AsyncIterator[Chunk]:
-        """The runner's chunks; its errors are raised here."""
+        """The runner's chunks up to the done one; its errors are raised here."""
         while True:
             item = await self._queue.get()
-            if item is _END:
-                return
             if isinstance(item, BaseException):
                 raise item
             yield item
+            if item.done:
+                return
 
 
 # ---------------------------------------------------------------------------------- scheduler
@@ -176,6 +200,7 @@ class Scheduler:
         self._changed = asyncio.Event()  # replaced after each set: "refs or loaded models changed"
         self._loading_waiters = 0
         self._jobs: set[Job] = set()
+        self._inbox: Inbox | None = None  # made on first use, on the serving event loop
         self._closing_tasks: set[asyncio.Future] = set()
         self._infos: dict[str, _InfoEntry] = {}
         self.closing = False
@@ -381,9 +406,11 @@ class Scheduler:
         await self._changed.wait()
 
     # --------------------------------------------------------------------------------- jobs
-    def start(self, begin: Callable[[], Iterator[Chunk]], cancel: threading.Event) -> Job:
-        """Start a runner stream in its own thread; it is cancelled on server shutdown."""
-        job = Job(begin, cancel)
+    def start(self, begin: Callable[[Callable[[Any], None]], None], cancel: threading.Event) -> Job:
+        """Start a runner stream (``begin(deliver)`` submits it); it is cancelled on server shutdown."""
+        if self._inbox is None:
+            self._inbox = Inbox(asyncio.get_running_loop())
+        job = Job(begin, cancel, self._inbox)
         if self.closing:
             job.cancel()
         self._jobs.add(job)

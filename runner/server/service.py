@@ -12,7 +12,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from runner import config as _config
 from runner import store
@@ -161,9 +161,9 @@ class Service:
             fit_to_runner(request, model)
             runner = model.runner
 
-            def begin() -> Iterator[Chunk]:
+            def begin(deliver: Callable[[Any], None]) -> None:
                 try:
-                    return runner.chat(request) if chat else runner.generate(request)
+                    runner.submit(request, chat, deliver)
                 except PollamaError:
                     raise
                 except Exception as err:
