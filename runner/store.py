@@ -10,15 +10,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import mmap
 import os
 import re
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from . import config as _config
+from . import ggufmeta
 from .api import InvalidModel, ModelNotFound, Options
 
 DEFAULT_MODEL = "smollm2:135m"
@@ -187,11 +189,6 @@ def list_models(cfg: _config.Config | None = None) -> list[StoredModel]:
 
 
 # ----------------------------------------------------------------------------- GGUF header check
-GGUF_MAGIC = b"GGUF"
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-
-
 @dataclass
 class GGUFHeader:
     """Metadata (arrays kept only as their length) and the extent of the tensor data."""
@@ -213,38 +210,6 @@ class GGUFHeader:
         return self.metadata.get(f"{self.architecture}.{suffix}", default)
 
 
-class _Reader:
-    def __init__(self, fh: BinaryIO, size: int):
-        self.fh, self.size = fh, size
-
-    def read(self, n: int) -> bytes:
-        data = self.fh.read(n)
-        if len(data) != n:
-            raise EOFError
-        return data
-
-    def scalar(self, code: str):
-        return struct.unpack("<" + code, self.read(struct.calcsize(code)))[0]
-
-    def string(self) -> str:
-        n = self.scalar("Q")
-        if n > self.size:
-            raise ValueError("string length past the end of the file")
-        return self.read(n).decode("utf-8", errors="replace")
-
-    def skip(self, n: int) -> None:
-        if self.fh.tell() + n > self.size:
-            raise EOFError
-        self.fh.seek(n, os.SEEK_CUR)
-
-    def value(self, vtype: int):
-        if vtype in _SCALARS:
-            return self.scalar(_SCALARS[vtype])
-        if vtype == _STRING:
-            return self.string()
-        raise ValueError(f"unknown GGUF value type {vtype}")
-
-
 def _tensor_nbytes(ggml_type: int, shape: list[int]) -> int:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -258,52 +223,42 @@ def _tensor_nbytes(ggml_type: int, shape: list[int]) -> int:
     return count // block * type_size
 
 
+def _tensor_data_end(buf: Any, off: int, count: int, alignment: int) -> int:
+    """Walk ``count`` tensor infos from ``off``: the file size their data needs."""
+    u32, u64 = ggufmeta.U32.unpack_from, ggufmeta.U64.unpack_from
+    data_end = 0
+    for _ in range(count):
+        off += 8 + u64(buf, off)[0]  # name
+        (n_dims,) = u32(buf, off)
+        dims = [u64(buf, off + 4 + 8 * k)[0] for k in range(n_dims)]
+        off += 4 + 8 * n_dims
+        ggml_type, offset = u32(buf, off)[0], u64(buf, off + 4)[0]
+        off += 12
+        data_end = max(data_end, offset + _tensor_nbytes(ggml_type, dims))
+    start = off + (-off) % alignment
+    return start + data_end
+
+
 def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
     """Parse a GGUF header quickly (arrays are skipped). Raises InvalidModel with one line."""
     path = Path(path)
     size = path.stat().st_size
-    with open(path, "rb") as fh:
-        if fh.read(4) != GGUF_MAGIC:
-            raise InvalidModel(f"{path.name} is not a GGUF file")
-        rd = _Reader(fh, size)
+    if size == 0:
+        raise InvalidModel(f"{path.name} is not a GGUF file")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         try:
-            version = rd.scalar("I")
-            if version not in (2, 3):
-                raise InvalidModel(f"{path.name}: unsupported GGUF version {version}")
-            n_tensors, n_kv = rd.scalar("Q"), rd.scalar("Q")
-            metadata: dict[str, Any] = {}
-            arrays: dict[str, int] = {}
-            for _ in range(n_kv):
-                key = rd.string()
-                vtype = rd.scalar("I")
-                if vtype != _ARRAY:
-                    metadata[key] = rd.value(vtype)
-                    continue
-                etype, count = rd.scalar("I"), rd.scalar("Q")
-                arrays[key] = count
-                if etype == _STRING:
-                    for _ in range(count):
-                        rd.skip(rd.scalar("Q"))
-                elif etype in _SCALARS:
-                    rd.skip(count * struct.calcsize(_SCALARS[etype]))
-                else:
-                    raise ValueError(f"unsupported array element type {etype} in {key}")
-            data_end = 0
-            for _ in range(n_tensors):
-                rd.string()
-                dims = [rd.scalar("Q") for _ in range(rd.scalar("I"))]
-                ggml_type, offset = rd.scalar("I"), rd.scalar("Q")
-                data_end = max(data_end, offset + _tensor_nbytes(ggml_type, dims))
-            alignment = int(metadata.get("general.alignment", 32)) or 32
-            start = fh.tell()
-            start += (-start) % alignment
-        except InvalidModel:
-            raise
-        except (EOFError, struct.error):
+            kv = ggufmeta.read_key_values(buf, keep=lambda key, is_array: not is_array)
+            alignment = int(kv.values.get("general.alignment", 32)) or 32
+            data_end = _tensor_data_end(buf, kv.end, kv.tensor_count, alignment)
+        except ggufmeta.NotGGUF:
+            raise InvalidModel(f"{path.name} is not a GGUF file") from None
+        except ggufmeta.UnsupportedVersion as err:
+            raise InvalidModel(f"{path.name}: {err}") from None
+        except struct.error:
             raise InvalidModel(f"{path.name} is truncated or corrupt (the GGUF header ends early)") from None
         except ValueError as err:
             raise InvalidModel(f"{path.name} is a corrupt GGUF file: {err}") from None
-    header = GGUFHeader(version, metadata, arrays, n_tensors, start + data_end)
+    header = GGUFHeader(kv.version, kv.values, kv.array_lengths, kv.tensor_count, data_end)
     if header.data_end > size:
         raise InvalidModel(
             f"{path.name} is truncated: its tensors need {header.data_end:,} bytes, the file has {size:,}"

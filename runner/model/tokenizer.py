@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import regex
-from gguf import GGUFValueType
 
+from runner import ggufmeta
 from runner.api import InvalidModel, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -86,24 +86,7 @@ _C_SPACES = " \t\n\v\f\r"  # C isspace() in the "C" locale
 
 
 # ------------------------------------------------------------------------------ GGUF metadata
-_SCALAR_FORMATS: dict[int, struct.Struct] = {
-    GGUFValueType.UINT8: struct.Struct("<B"),
-    GGUFValueType.INT8: struct.Struct("<b"),
-    GGUFValueType.UINT16: struct.Struct("<H"),
-    GGUFValueType.INT16: struct.Struct("<h"),
-    GGUFValueType.UINT32: struct.Struct("<I"),
-    GGUFValueType.INT32: struct.Struct("<i"),
-    GGUFValueType.FLOAT32: struct.Struct("<f"),
-    GGUFValueType.BOOL: struct.Struct("<?"),
-    GGUFValueType.UINT64: struct.Struct("<Q"),
-    GGUFValueType.INT64: struct.Struct("<q"),
-    GGUFValueType.FLOAT64: struct.Struct("<d"),
-}
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-
-def _wanted_key(key: str) -> bool:
+def _wanted_key(key: str, is_array: bool = False) -> bool:
     return (key.startswith("tokenizer.") and key != "tokenizer.chat_template"
             and not key.startswith("tokenizer.chat_template.")) or key in (
         "general.name", "general.architecture")
@@ -112,88 +95,19 @@ def _wanted_key(key: str) -> bool:
 def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
     """Read the ``tokenizer.*`` keys (and ``general.name``/``general.architecture``) of a GGUF file.
 
-    Only the key/value header is parsed (the file is memory-mapped, tensors are never touched).
-    Strings come back as ``str`` (undecodable bytes kept as surrogate escapes), numeric arrays as
-    lists. ``gguf.GGUFReader`` parses every array element into numpy views, which costs ~1.5 s
-    for a 49k-token vocabulary; this reader takes a few tens of milliseconds.
-    Raises :class:`runner.api.InvalidModel` when the file is not a little-endian GGUF v2/v3.
+    Only the key/value header is parsed (:mod:`runner.ggufmeta`, over a memory map; tensors are
+    never touched). Strings come back as ``str`` (undecodable bytes kept as surrogate escapes),
+    numeric arrays as lists. Raises :class:`runner.api.InvalidModel` when the file is not a
+    little-endian GGUF v2/v3.
     """
     path = Path(path)
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _parse_header(mm, path)
+            return ggufmeta.read_key_values(mm, _wanted_key, errors="surrogateescape").values
+    except ggufmeta.NotGGUF:
+        raise InvalidModel(f"{path}: not a GGUF file") from None
     except (OSError, ValueError, struct.error) as err:
         raise InvalidModel(f"{path}: cannot read GGUF header: {err}") from err
-
-
-def _parse_header(buf: mmap.mmap, path: Path) -> dict[str, Any]:
-    if buf[:4] != b"GGUF":
-        raise InvalidModel(f"{path}: not a GGUF file")
-    (version,) = _U32.unpack_from(buf, 4)
-    if version not in (2, 3):
-        raise InvalidModel(f"{path}: unsupported GGUF version {version}")
-    (n_kv,) = _U64.unpack_from(buf, 16)
-    off = 24
-    out: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key, off = _read_str(buf, off)
-        (vtype,) = _U32.unpack_from(buf, off)
-        off += 4
-        value, off = _read_value(buf, off, vtype, _wanted_key(key))
-        if value is not None:
-            out[key] = value
-    return out
-
-
-def _read_str(buf: mmap.mmap, off: int) -> tuple[str, int]:
-    (n,) = _U64.unpack_from(buf, off)
-    end = off + 8 + n
-    return buf[off + 8:end].decode("utf-8", "surrogateescape"), end
-
-
-def _read_value(buf: mmap.mmap, off: int, vtype: int, keep: bool) -> tuple[Any, int]:
-    """Read (or, when ``keep`` is false, skip) one value; returns (value or None, next offset)."""
-    if vtype == GGUFValueType.STRING:
-        value, off = _read_str(buf, off)
-        return (value if keep else None), off
-    if vtype in _SCALAR_FORMATS:
-        fmt = _SCALAR_FORMATS[vtype]
-        return (fmt.unpack_from(buf, off)[0] if keep else None), off + fmt.size
-    if vtype != GGUFValueType.ARRAY:
-        raise InvalidModel(f"unknown GGUF value type {vtype}")
-    (etype,) = _U32.unpack_from(buf, off)
-    (count,) = _U64.unpack_from(buf, off + 4)
-    off += 12
-    if etype == GGUFValueType.STRING:
-        return _read_str_array(buf, off, count, keep)
-    if etype in _SCALAR_FORMATS:
-        fmt = _SCALAR_FORMATS[etype]
-        end = off + fmt.size * count
-        if not keep:
-            return None, end
-        items = struct.unpack_from(f"<{count}{fmt.format[1:]}", buf, off)
-        return list(items), end
-    if keep:
-        raise InvalidModel(f"unsupported GGUF array element type {etype}")
-    for _ in range(count):  # nested arrays: walk them to find the end
-        _, off = _read_value(buf, off, etype, False)
-    return None, off
-
-
-def _read_str_array(buf: mmap.mmap, off: int, count: int, keep: bool) -> tuple[list[str] | None, int]:
-    unpack = _U64.unpack_from
-    if not keep:
-        for _ in range(count):
-            off += 8 + unpack(buf, off)[0]
-        return None, off
-    raw: list[bytes] = []
-    append = raw.append
-    for _ in range(count):
-        n = unpack(buf, off)[0]
-        start = off + 8
-        off = start + n
-        append(buf[start:off])
-    return [b.decode("utf-8", "surrogateescape") for b in raw], off
 
 
 # --------------------------------------------------------------------- Unicode 15.1 tables

@@ -1,0 +1,135 @@
+"""The key/value header of a GGUF file, read straight from a memory map.
+
+One walker for the two readers that need the header without the tensors: the model store
+(metadata and the extent of the tensor data, for ``pollama show``, truncation checks and load
+decisions) and the new engine's tokenizer (its vocabulary arrays). ``gguf.GGUFReader`` parses
+every array element into NumPy views, ~1.5 s for a 49k-token vocabulary; this walker skips what
+its caller does not keep and takes a few milliseconds.
+
+Layout (little-endian): magic ``GGUF``, u32 version, u64 tensor count, u64 key/value count, then
+per pair a string key, a u32 value type and the value; strings are a u64 length and the bytes;
+arrays a u32 element type, a u64 count and the elements. The tensor infos follow.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable
+
+MAGIC = b"GGUF"
+STRING, ARRAY = 8, 9
+SCALARS: dict[int, struct.Struct] = {
+    code: struct.Struct("<" + fmt)
+    for code, fmt in {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
+                      10: "Q", 11: "q", 12: "d"}.items()
+}
+U32 = SCALARS[4]
+U64 = SCALARS[10]
+
+
+class NotGGUF(ValueError):
+    """The bytes do not start with the GGUF magic."""
+
+
+class UnsupportedVersion(ValueError):
+    def __init__(self, version: int) -> None:
+        super().__init__(f"unsupported GGUF version {version}")
+        self.version = version
+
+
+@dataclass
+class KeyValues:
+    version: int
+    tensor_count: int
+    values: dict[str, Any]  # the kept pairs: scalars, strings, and arrays as lists
+    array_lengths: dict[str, int]  # every array's element count, kept or not
+    end: int  # offset just past the last pair, where the tensor infos start
+
+
+def read_key_values(buf: Any, keep: Callable[[str, bool], bool], errors: str = "replace") -> KeyValues:
+    """Walk the header in ``buf`` (bytes, or an mmap); ``keep(key, is_array)`` says which values
+    to decode, the rest are skipped. Strings decode as UTF-8 with ``errors``.
+
+    Raises :class:`NotGGUF`, :class:`UnsupportedVersion`, ``ValueError`` for an unknown value
+    type or a length past the end, and ``struct.error`` when the header ends early.
+    """
+    if bytes(buf[:4]) != MAGIC:
+        raise NotGGUF("not a GGUF file")
+    (version,) = U32.unpack_from(buf, 4)
+    if version not in (2, 3):
+        raise UnsupportedVersion(version)
+    (tensor_count,) = U64.unpack_from(buf, 8)
+    (n_kv,) = U64.unpack_from(buf, 16)
+    walker = _Walker(buf, errors)
+    off = 24
+    values: dict[str, Any] = {}
+    arrays: dict[str, int] = {}
+    for _ in range(n_kv):
+        key, off = walker.string(off)
+        (vtype,) = U32.unpack_from(buf, off)
+        off += 4
+        if vtype == ARRAY:
+            (etype,) = U32.unpack_from(buf, off)
+            (count,) = U64.unpack_from(buf, off + 4)
+            arrays[key] = count
+            value, off = walker.array(off + 12, etype, count, keep(key, True))
+        else:
+            value, off = walker.value(off, vtype, keep(key, False))
+        if value is not None:
+            values[key] = value
+    return KeyValues(version, tensor_count, values, arrays, off)
+
+
+class _Walker:
+    def __init__(self, buf: Any, errors: str) -> None:
+        self.buf, self.errors, self.size = buf, errors, len(buf)
+
+    def _bytes_end(self, off: int) -> tuple[int, int]:
+        (n,) = U64.unpack_from(self.buf, off)
+        end = off + 8 + n
+        if end > self.size:
+            raise ValueError("a string runs past the end of the file")
+        return off + 8, end
+
+    def string(self, off: int) -> tuple[str, int]:
+        start, end = self._bytes_end(off)
+        return bytes(self.buf[start:end]).decode("utf-8", self.errors), end
+
+    def value(self, off: int, vtype: int, keep: bool) -> tuple[Any, int]:
+        """Read (or, when ``keep`` is false, skip) one non-array value: (value or None, next offset)."""
+        if vtype == STRING:
+            if keep:
+                return self.string(off)
+            return None, self._bytes_end(off)[1]
+        fmt = SCALARS.get(vtype)
+        if fmt is None:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        return (fmt.unpack_from(self.buf, off)[0] if keep else None), off + fmt.size
+
+    def array(self, off: int, etype: int, count: int, keep: bool) -> tuple[list | None, int]:
+        if etype == STRING:  # vocabularies: tens of thousands of strings, so a tight loop
+            buf, unpack, items = self.buf, U64.unpack_from, []
+            append = items.append
+            for _ in range(count):
+                start = off + 8
+                off = start + unpack(buf, off)[0]
+                if keep:
+                    append(buf[start:off])
+            if off > self.size:
+                raise ValueError("a string array runs past the end of the file")
+            return ([bytes(b).decode("utf-8", self.errors) for b in items] if keep else None), off
+        fmt = SCALARS.get(etype)
+        if fmt is not None:
+            end = off + fmt.size * count
+            if end > self.size:
+                raise ValueError("an array runs past the end of the file")
+            if not keep:
+                return None, end
+            return list(struct.unpack_from(f"<{count}{fmt.format[1:]}", self.buf, off)), end
+        if etype != ARRAY:
+            raise ValueError(f"unknown GGUF array element type {etype}")
+        for _ in range(count):  # nested arrays: walk them to find the end
+            (inner, n) = U32.unpack_from(self.buf, off)[0], U64.unpack_from(self.buf, off + 4)[0]
+            _, off = self.array(off + 12, inner, n, False)
+        return None, off
