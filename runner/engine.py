@@ -105,6 +105,9 @@ class BatchRunner:
 
     engine = "?"
     per_sequence_batch = True  # llamarunner caps each sequence at num_batch; ollamarunner the total
+    # Add sequences to a batch in slot order rather than round robin (fair only when each
+    # sequence has its own cap, per_sequence_batch).
+    batch_in_slot_order = False
 
     def __init__(self, info: ModelInfo, num_ctx: int, num_parallel: int, num_batch: int, multi_user: bool):
         self.info = info
@@ -378,8 +381,10 @@ class BatchRunner:
         total = 0
         embedding_batch: bool | None = None
         n = self.num_parallel
-        for k in range(n):
-            i = (self._next_seq + k) % n
+        order = [(self._next_seq + k) % n for k in range(n)]
+        if self.batch_in_slot_order:
+            order.sort(key=lambda i: self._seqs[i].slot.id if self._seqs[i] is not None else n)
+        for i in order:
             seq = self._seqs[i]
             if seq is None:
                 continue

@@ -285,3 +285,39 @@ def test_cancelled_before_a_slot_still_ends_its_stream(engine):
         assert isinstance(d_inbox.wait()[-1], Exception)
     finally:
         r.close()
+
+
+def test_old_engine_batches_live_slots_in_slot_order(monkeypatch):
+    """llama.cpp (one KV stream per slot) evaluates a batch as one ubatch only while its sequence
+    ids run consecutively; in round-robin order four streams would take several passes."""
+    from runner.llamarunner.runner import LlamaRunner
+
+    seen: list[list[int]] = []
+    decode = LlamaRunner._engine_decode
+
+    def recording(self, embeddings):
+        seen.append(self._batch.seq[: self._batch.n].tolist())
+        decode(self, embeddings)
+
+    monkeypatch.setattr(LlamaRunner, "_engine_decode", recording)
+    r = load(STORIES, "old", num_parallel=4, num_ctx=256)
+    try:
+        prompts = ["Once upon a time", "The little dog", "Lily wanted to", "One day a bird"]
+        serial = [generate(r, p, options={"num_predict": 24})[0] for p in prompts]
+        results = [None] * 4
+
+        def worker(i):
+            results[i] = generate(r, prompts[i], options={"num_predict": 24})[0]
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == serial
+    finally:
+        r.close()
+    shared = [ids for ids in seen if len(set(ids)) > 1]
+    assert shared, "the four streams never shared a batch"
+    assert all(ids == sorted(ids) for ids in seen)
+    assert max(len(set(ids)) for ids in shared) == 4

@@ -1,9 +1,11 @@
 """The old engine's KV operations: llama.cpp's ``llama_memory_seq_*`` behind :class:`KvOps`.
 
-The context keeps all slots in one unified KV buffer (``kv_unified``): sequences decoded together
-share one attention pass (measured: 4 streams give 1.33× the aggregate of 1, against 1.01× with a
-stream per slot), and a prefix fork is metadata only — cells gain the destination sequence, as in
-Ollama's zero-copy ``CopyPrefix``. The runner enforces the per-slot ``num_ctx`` itself.
+The context gives every slot its own KV stream of ``num_ctx`` cells (``kv_unified`` off, which is
+what llama-server does with ``-np N``): a sequence's attention spans only its own cells, so the
+caches that idle slots keep for their next turn cost the live sequences nothing. Sequences still
+decode together: the batch loop adds them in slot order, and llama.cpp evaluates a run of
+consecutive slot ids as one ubatch. A prefix fork across streams copies the stream's buffer (at
+the next decode) and trims the copy, since llama.cpp copies between streams only whole.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ class LlamaKv:
         return bool(L.llama_memory_seq_rm(self.mem, seq, begin, -1 if end is None else end))
 
     def seq_cp(self, src: int, dst: int, length: int) -> None:
-        L.llama_memory_seq_cp(self.mem, src, dst, 0, length)
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, -1)  # whole: the only copy between streams
+        L.llama_memory_seq_rm(self.mem, dst, length, -1)
 
     def shift(self, seq: int, keep: int, discard: int, length: int) -> bool:
         if not self.shiftable:

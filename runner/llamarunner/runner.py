@@ -113,6 +113,7 @@ class _Batch:
 class LlamaRunner(BatchRunner):
     engine = "old"
     per_sequence_batch = True
+    batch_in_slot_order = True  # llama.cpp splits a batch wherever the slot ids stop being consecutive
 
     def __init__(
         self,
@@ -146,7 +147,7 @@ class LlamaRunner(BatchRunner):
         cparams.n_seq_max = num_parallel
         cparams.n_threads = cparams.n_threads_batch = num_thread
         cparams.embeddings = False
-        cparams.kv_unified = True  # see cache.py: one buffer, sequences batched together
+        cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
         cparams.no_perf = True
         cparams.flash_attn_type = {
             None: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
