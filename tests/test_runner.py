@@ -131,22 +131,26 @@ def test_multiuser_fork_matches_cold_evaluation(engine):
     assert f.context == c.context and forked == cold
 
 
+def assert_parallel_matches_serial(r, prompts, num_predict):
+    """Each prompt alone, then all at once from threads: the same greedy texts."""
+    serial = [generate(r, p, options={"num_predict": num_predict})[0] for p in prompts]
+    results = [None] * len(prompts)
+
+    def worker(i):
+        results[i] = generate(r, prompts[i], options={"num_predict": num_predict})[0]
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert results == serial
+
+
 def test_parallel_sequences_match_serial(engine):
-    prompts = ["Once upon a time", "The little dog", "Lily wanted to"]
     r = load(TINYSTORIES, engine, num_parallel=3, num_ctx=256)
     try:
-        serial = [generate(r, p, options={"num_predict": 20})[0] for p in prompts]
-        results = [None] * 3
-
-        def worker(i):
-            results[i] = generate(r, prompts[i], options={"num_predict": 20})[0]
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert results == serial
+        assert_parallel_matches_serial(r, ["Once upon a time", "The little dog", "Lily wanted to"], 20)
     finally:
         r.close()
 
@@ -302,19 +306,7 @@ def test_old_engine_batches_live_slots_in_slot_order(monkeypatch):
     monkeypatch.setattr(LlamaRunner, "_engine_decode", recording)
     r = load(STORIES, "old", num_parallel=4, num_ctx=256)
     try:
-        prompts = ["Once upon a time", "The little dog", "Lily wanted to", "One day a bird"]
-        serial = [generate(r, p, options={"num_predict": 24})[0] for p in prompts]
-        results = [None] * 4
-
-        def worker(i):
-            results[i] = generate(r, prompts[i], options={"num_predict": 24})[0]
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert results == serial
+        assert_parallel_matches_serial(r, ["Once upon a time", "The little dog", "Lily wanted to", "One day a bird"], 24)
     finally:
         r.close()
     shared = [ids for ids in seen if len(set(ids)) > 1]
