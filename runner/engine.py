@@ -379,9 +379,12 @@ class BatchRunner:
         self._engine_batch_begin()
         in_batch: list[tuple[int, Sequence]] = []
         total = 0
-        embedding_batch: bool | None = None
         n = self.num_parallel
         order = [(self._next_seq + k) % n for k in range(n)]
+        # Token and embedding batches alternate: the first live sequence in round-robin order
+        # picks this batch's kind, whatever order the sequences then go into the batch.
+        embedding_batch = next((self._seqs[i].embedding for i in order
+                                if self._seqs[i] is not None and not self._seqs[i].is_cancelled()), None)
         if self.batch_in_slot_order:
             order.sort(key=lambda i: self._seqs[i].slot.id if self._seqs[i] is not None else n)
         for i in order:
@@ -391,10 +394,8 @@ class BatchRunner:
             if seq.is_cancelled():
                 self._finish(i, seq, DoneReason.CONNECTION_CLOSED)
                 continue
-            if embedding_batch is None:
-                embedding_batch = seq.embedding
-            elif seq.embedding != embedding_batch:
-                continue  # token and embedding batches alternate
+            if seq.embedding != embedding_batch:
+                continue
             added = self._fill(i, seq, total)
             if added:
                 total += added

@@ -313,3 +313,18 @@ def test_old_engine_batches_live_slots_in_slot_order(monkeypatch):
     assert shared, "the four streams never shared a batch"
     assert all(ids == sorted(ids) for ids in seen)
     assert max(len(set(ids)) for ids in shared) == 4
+
+
+def test_embedding_is_not_starved_by_a_generation_in_a_lower_slot(engine):
+    """Token and embedding batches take turns, whichever slots the two sequences hold."""
+    r = load(STORIES, engine, num_parallel=2, num_ctx=512)
+    try:
+        request = Request(prompt="Once upon a time", raw=True, options=Options().merged({**GREEDY, "num_predict": -1}))
+        stream = r.generate(request)  # thousands of tokens through shifts: holds a slot for a while
+        next(stream)
+        vectors = r.embed(["the sky is blue"]).vectors
+        assert len(vectors) == 1 and r.pending() == 1  # the embedding went through meanwhile
+        request.cancel.set()
+        assert list(stream)[-1].done_reason is DoneReason.CONNECTION_CLOSED
+    finally:
+        r.close()
