@@ -37,7 +37,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from serverproc import ServerProcess, free_port  # noqa: E402
+from serverproc import ServerProcess, free_port, wait_until_up  # noqa: E402
 
 PROMPTS = [
     "Write a long, detailed story about a dragon who learns to paint. Describe every scene.",
@@ -210,18 +210,16 @@ class LlamaServer:
 
     def __enter__(self) -> "LlamaServer":
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._log.seek(0)
-                raise RuntimeError(f"llama-server exited: {self._log.read().decode(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("llama-server did not start")
+        try:
+            wait_until_up(self.proc, self.url + "/health", 120, "llama-server", self.log)
+        except RuntimeError:
+            self.__exit__()
+            raise
+        return self
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-2000:]
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()

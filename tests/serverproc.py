@@ -22,6 +22,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_until_up(proc: subprocess.Popen, url: str, timeout: float, name: str, log) -> None:
+    """Poll ``url`` until it answers 200; RuntimeError with ``log()`` if ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log()}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} did not start:\n{log()}")
+
+
 class ServerProcess:
     """Start with :meth:`start`, stop with :meth:`stop` (SIGTERM, then the exit status)."""
 
@@ -52,18 +67,12 @@ class ServerProcess:
             [sys.executable, "-c", "from cli.main import app; app()", "serve"],
             cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"pollama serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"pollama serve did not start:\n{self.log()}")
+        try:
+            wait_until_up(self.proc, self.url + "/", timeout, "pollama serve", self.log)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
 
     def log(self) -> str:
         try:
