@@ -328,3 +328,18 @@ def test_embedding_is_not_starved_by_a_generation_in_a_lower_slot(engine):
         assert list(stream)[-1].done_reason is DoneReason.CONNECTION_CLOSED
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("penalties", [{}, {"repeat_penalty": 1.5, "repeat_last_n": 16, "presence_penalty": 0.5,
+                                           "frequency_penalty": 0.3}])
+def test_old_engine_greedy_matches_llama_cpp_sampler_chain(penalties):
+    """Greedy requests use the shared NumPy sampler; top_k 1 at a temperature goes through
+    llama.cpp's own chain (penalties, top-k, draw) and must pick the same tokens."""
+    r = load(None, "old", num_ctx=1024)
+    try:
+        msgs = [Message("user", "Write a poem about the sea.")]
+        greedy, _ = chat(r, msgs, num_predict=80, temperature=0.0, **penalties)
+        chain, _ = chat(r, msgs, num_predict=80, temperature=0.7, top_k=1, seed=3, **penalties)
+        assert greedy == chain and len(greedy) > 100
+    finally:
+        r.close()

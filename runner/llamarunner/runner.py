@@ -4,7 +4,8 @@ One ``llama_context`` holds ``num_parallel`` KV streams of ``num_ctx`` cells eac
 :class:`~runner.engine.BatchRunner` loop fills one ``llama_batch`` with the inputs of every live
 sequence; this class only adds tokens to that batch, decodes it and samples with llama.cpp's
 sampler chain (penalties, top-k, typical, top-p, min-p, temperature, seeded draw; a GBNF grammar
-for ``format``).
+for ``format``). Greedy requests without a format take the shared NumPy sampler instead (the
+same penalties and argmax, without the chain's per-token copy of every candidate).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
 from ..sample.grammar import format_to_gbnf
+from ..sample.samplers import Sampler, SamplerOptions
 from .cache import LlamaKv
 
 log = logging.getLogger(__name__)
@@ -251,6 +253,14 @@ class LlamaRunner(BatchRunner):
     # --------------------------------------------------------------------------- sampling
     def _engine_new_sampler(self, seq: Sequence) -> Any:
         opts = seq.request.options
+        if opts.temperature <= 0 and seq.request.format in (None, "", "null"):
+            # Greedy: the shared sampler (llama.cpp's penalties, then argmax) reads the logits in
+            # place, where llama.cpp's chain first copies all n_vocab candidates: ~0.05 ms a token
+            # instead of ~0.3 ms, time the batch loop otherwise spends between two decodes.
+            greedy = Sampler(SamplerOptions.from_options(opts), num_ctx=self.num_ctx)
+            if greedy.penalize:
+                greedy.accept_many(seq.prompt[-greedy.history.maxlen:])
+            return greedy
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if seq.request.format not in (None, "", "null"):
             grammar = format_to_gbnf(seq.request.format)
@@ -286,9 +296,15 @@ class LlamaRunner(BatchRunner):
         return chain
 
     def _engine_free_sampler(self, sampler: Any) -> None:
-        L.llama_sampler_free(sampler)
+        if not isinstance(sampler, Sampler):
+            L.llama_sampler_free(sampler)
 
     def _engine_sample(self, seq: Sequence) -> int:
+        if isinstance(seq.sampler, Sampler):
+            ptr = L.llama_get_logits_ith(self._ctx, seq.batch_index)
+            token = seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+            seq.sampler.accept(token)
+            return token
         return int(L.llama_sampler_sample(seq.sampler, self._ctx, seq.batch_index))
 
     def _engine_close(self) -> None:
