@@ -86,7 +86,7 @@ _C_SPACES = " \t\n\v\f\r"  # C isspace() in the "C" locale
 
 
 # ------------------------------------------------------------------------------ GGUF metadata
-def _wanted_key(key: str, is_array: bool = False) -> bool:
+def _wanted_key(key: str, is_array: bool) -> bool:  # arrays or not, by name alone
     return (key.startswith("tokenizer.") and key != "tokenizer.chat_template"
             and not key.startswith("tokenizer.chat_template.")) or key in (
         "general.name", "general.architecture")
