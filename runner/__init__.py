@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import config as _config
-from . import store
+from . import ggufmeta, store
 from .api import (
     Chunk,
     DoneReason,
@@ -48,7 +48,7 @@ _FILE_TYPES = {
 
 def model_info(stored: store.StoredModel) -> ModelInfo:
     """Read what a GGUF says about itself (fast: arrays are skipped). Raises InvalidModel."""
-    header = store.read_gguf_header(stored.path)
+    header = ggufmeta.read_gguf_header(stored.path)
     return ModelInfo(
         name=stored.name,
         path=str(stored.path),

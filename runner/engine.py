@@ -192,7 +192,7 @@ class BatchRunner:
         source = template if template is not None else self.info.chat_template
 
         def render(msgs):
-            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos)
+            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos)
 
         return _prompt.chat_prompt(
             messages, render, lambda s: len(self.tokenize(s)), self.num_ctx, truncate

@@ -1,8 +1,8 @@
 """The key/value header of a GGUF file, read straight from a memory map.
 
-One walker for the two readers that need the header without the tensors: the model store
-(metadata and the extent of the tensor data, for ``pollama show``, truncation checks and load
-decisions) and the new engine's tokenizer (its vocabulary arrays). ``gguf.GGUFReader`` parses
+One walker for the two readers that need the header without the tensors:
+:func:`read_gguf_header` (metadata and the extent of the tensor data, for ``pollama show``,
+truncation checks and load decisions) and the new engine's tokenizer (its vocabulary arrays). ``gguf.GGUFReader`` parses
 every array element into NumPy views, ~1.5 s for a 49k-token vocabulary; this walker skips what
 its caller does not keep and takes a few milliseconds.
 
@@ -13,9 +13,14 @@ arrays a u32 element type, a u64 count and the elements. The tensor infos follow
 
 from __future__ import annotations
 
+import mmap
+import os
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+from .api import InvalidModel
 
 MAGIC = b"GGUF"
 STRING, ARRAY = 8, 9
@@ -133,3 +138,81 @@ class _Walker:
             (inner, n) = U32.unpack_from(self.buf, off)[0], U64.unpack_from(self.buf, off + 4)[0]
             _, off = self.array(off + 12, inner, n, False)
         return None, off
+
+
+# ----------------------------------------------------------------------------- GGUF header check
+@dataclass
+class GGUFHeader:
+    """Metadata (arrays kept only as their length) and the extent of the tensor data."""
+
+    version: int
+    metadata: dict[str, Any]
+    array_lengths: dict[str, int]
+    tensor_count: int
+    data_end: int  # bytes the file must have to hold every tensor
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def arch_value(self, suffix: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+
+def _tensor_nbytes(ggml_type: int, shape: list[int]) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except (ValueError, KeyError):
+        raise ValueError(f"unknown tensor type {ggml_type}") from None
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count // block * type_size
+
+
+def _tensor_data_end(buf: Any, off: int, count: int, alignment: int) -> int:
+    """Walk ``count`` tensor infos from ``off``: the file size their data needs."""
+    u32, u64 = U32.unpack_from, U64.unpack_from
+    data_end = 0
+    for _ in range(count):
+        off += 8 + u64(buf, off)[0]  # name
+        (n_dims,) = u32(buf, off)
+        dims = [u64(buf, off + 4 + 8 * k)[0] for k in range(n_dims)]
+        off += 4 + 8 * n_dims
+        ggml_type, offset = u32(buf, off)[0], u64(buf, off + 4)[0]
+        off += 12
+        data_end = max(data_end, offset + _tensor_nbytes(ggml_type, dims))
+    start = off + (-off) % alignment
+    return start + data_end
+
+
+def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
+    """Parse a GGUF header quickly (arrays are skipped). Raises InvalidModel with one line."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size == 0:
+        raise InvalidModel(f"{path.name} is not a GGUF file")
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        try:
+            kv = read_key_values(buf, keep=lambda key, is_array: not is_array)
+            alignment = int(kv.values.get("general.alignment", 32)) or 32
+            data_end = _tensor_data_end(buf, kv.end, kv.tensor_count, alignment)
+        except NotGGUF:
+            raise InvalidModel(f"{path.name} is not a GGUF file") from None
+        except UnsupportedVersion as err:
+            raise InvalidModel(f"{path.name}: {err}") from None
+        except struct.error:
+            raise InvalidModel(f"{path.name} is truncated or corrupt (the GGUF header ends early)") from None
+        except ValueError as err:
+            raise InvalidModel(f"{path.name} is a corrupt GGUF file: {err}") from None
+    header = GGUFHeader(kv.version, kv.values, kv.array_lengths, kv.tensor_count, data_end)
+    if header.data_end > size:
+        raise InvalidModel(
+            f"{path.name} is truncated: its tensors need {header.data_end:,} bytes, the file has {size:,}"
+        )
+    return header

@@ -83,7 +83,12 @@ def render(
     *,
     bos_token: str = "",
     eos_token: str = "",
+    tokenizer_adds_bos: bool = False,
 ) -> str:
+    """The prompt text for ``messages``. When the tokenizer adds BOS itself
+    (``tokenizer_adds_bos``), a BOS the template wrote at the start is dropped so it is not sent
+    twice; otherwise the template's text is kept whole (SmolLM2's BOS is ``<|im_start|>``, which
+    its template writes and its tokenizer does not add)."""
     if not messages:
         raise InvalidRequest("no messages provided")
     for message in messages:
@@ -91,8 +96,7 @@ def render(
             raise InvalidRequest(f"invalid message role {message.role!r}")
     if template:
         text = render_template(template, messages, bos_token=bos_token, eos_token=eos_token)
-        # The tokenizer adds BOS itself when the model wants one: don't send it twice.
-        if bos_token and text.startswith(bos_token):
+        if tokenizer_adds_bos and bos_token and text.startswith(bos_token):
             text = text[len(bos_token):]
         return text
     return render_plain(messages)

@@ -10,17 +10,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import mmap
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from . import config as _config
-from . import ggufmeta
 from .api import InvalidModel, ModelNotFound, Options
 
 DEFAULT_MODEL = "smollm2:135m"
@@ -186,84 +183,6 @@ def list_models(cfg: _config.Config | None = None) -> list[StoredModel]:
                 continue
     found.sort(key=lambda m: m.modified, reverse=True)
     return found
-
-
-# ----------------------------------------------------------------------------- GGUF header check
-@dataclass
-class GGUFHeader:
-    """Metadata (arrays kept only as their length) and the extent of the tensor data."""
-
-    version: int
-    metadata: dict[str, Any]
-    array_lengths: dict[str, int]
-    tensor_count: int
-    data_end: int  # bytes the file must have to hold every tensor
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
-
-    @property
-    def architecture(self) -> str:
-        return str(self.metadata.get("general.architecture", "unknown"))
-
-    def arch_value(self, suffix: str, default: Any = None) -> Any:
-        return self.metadata.get(f"{self.architecture}.{suffix}", default)
-
-
-def _tensor_nbytes(ggml_type: int, shape: list[int]) -> int:
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    except (ValueError, KeyError):
-        raise ValueError(f"unknown tensor type {ggml_type}") from None
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count // block * type_size
-
-
-def _tensor_data_end(buf: Any, off: int, count: int, alignment: int) -> int:
-    """Walk ``count`` tensor infos from ``off``: the file size their data needs."""
-    u32, u64 = ggufmeta.U32.unpack_from, ggufmeta.U64.unpack_from
-    data_end = 0
-    for _ in range(count):
-        off += 8 + u64(buf, off)[0]  # name
-        (n_dims,) = u32(buf, off)
-        dims = [u64(buf, off + 4 + 8 * k)[0] for k in range(n_dims)]
-        off += 4 + 8 * n_dims
-        ggml_type, offset = u32(buf, off)[0], u64(buf, off + 4)[0]
-        off += 12
-        data_end = max(data_end, offset + _tensor_nbytes(ggml_type, dims))
-    start = off + (-off) % alignment
-    return start + data_end
-
-
-def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
-    """Parse a GGUF header quickly (arrays are skipped). Raises InvalidModel with one line."""
-    path = Path(path)
-    size = path.stat().st_size
-    if size == 0:
-        raise InvalidModel(f"{path.name} is not a GGUF file")
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        try:
-            kv = ggufmeta.read_key_values(buf, keep=lambda key, is_array: not is_array)
-            alignment = int(kv.values.get("general.alignment", 32)) or 32
-            data_end = _tensor_data_end(buf, kv.end, kv.tensor_count, alignment)
-        except ggufmeta.NotGGUF:
-            raise InvalidModel(f"{path.name} is not a GGUF file") from None
-        except ggufmeta.UnsupportedVersion as err:
-            raise InvalidModel(f"{path.name}: {err}") from None
-        except struct.error:
-            raise InvalidModel(f"{path.name} is truncated or corrupt (the GGUF header ends early)") from None
-        except ValueError as err:
-            raise InvalidModel(f"{path.name} is a corrupt GGUF file: {err}") from None
-    header = GGUFHeader(kv.version, kv.values, kv.array_lengths, kv.tensor_count, data_end)
-    if header.data_end > size:
-        raise InvalidModel(
-            f"{path.name} is truncated: its tensors need {header.data_end:,} bytes, the file has {size:,}"
-        )
-    return header
 
 
 # ------------------------------------------------------------------------- Modelfile layers

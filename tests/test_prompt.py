@@ -18,8 +18,11 @@ def test_render_template_and_globals():
     text = prompt.render(CHATML, [Message("user", "hi")])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     src = "{{ bos_token }}{% for m in messages %}[{{ m.content }}]{% endfor %}{{ eos_token }}"
-    # BOS is left to the tokenizer; EOS stays
-    assert prompt.render(src, [Message("user", "a")], bos_token="<s>", eos_token="</s>") == "[a]</s>"
+    # BOS is left to the tokenizer when it adds one; EOS stays
+    assert prompt.render(src, [Message("user", "a")], bos_token="<s>", eos_token="</s>",
+                         tokenizer_adds_bos=True) == "[a]</s>"
+    # a tokenizer that adds no BOS gets the template's text whole
+    assert prompt.render(src, [Message("user", "a")], bos_token="<s>", eos_token="</s>") == "<s>[a]</s>"
     with pytest.raises(InvalidRequest, match="boom"):
         prompt.render("{{ raise_exception('boom') }}", [Message("user", "a")])
     with pytest.raises(InvalidRequest):
@@ -70,3 +73,32 @@ def test_chatml_turn_prefix_on_smollm2():
 def test_template_runtime_errors_are_bad_input():
     with pytest.raises(InvalidRequest, match="chat template error"):
         prompt.render("{{ messages[0]['content'] + 1 }}", [Message("user", "a")])
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_first_prompt_token_is_kept(engine):
+    """SmolLM2's BOS is <|im_start|> and its tokenizer adds none: the template's opening
+    <|im_start|> must reach the model. stories260K adds BOS itself: exactly one, at the start."""
+    from runner.api import Options, Request
+    from tests.conftest import STORIES, collect
+
+    r = load(None, engine)
+    try:
+        assert not r.add_bos
+        im_start = r.tokenize("<|im_start|>", add_special=False)
+        assert len(im_start) == 1
+        for request, chat in ((Request(prompt="hi", options=Options(num_predict=1, temperature=0)), False),
+                              (Request(messages=[Message("user", "hi")], options=Options(num_predict=1, temperature=0)), True)):
+            _, final = collect(r.chat(request) if chat else r.generate(request))
+            assert final.context[:2] == im_start + r.tokenize("system", add_special=False)
+    finally:
+        r.close()
+    r = load(STORIES, engine)
+    try:
+        assert r.add_bos
+        bos = r.tokenize("", add_special=True)
+        assert len(bos) == 1
+        _, final = collect(r.generate(Request(prompt="Once upon", options=Options(num_predict=1, temperature=0))))
+        assert final.context[0] == bos[0] and final.context[1] != bos[0]
+    finally:
+        r.close()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import config as _config
-from runner import store
+from runner import ggufmeta, store
 from runner.api import InvalidRequest, ModelInfo, ModelNotFound, PollamaError
 
 from .http import iso
@@ -148,7 +148,7 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
 
 def show(scheduler: Scheduler, stored: store.StoredModel, verbose: bool) -> dict[str, Any]:
     info = scheduler.model_info(stored)
-    header = store.read_gguf_header(stored.path)
+    header = ggufmeta.read_gguf_header(stored.path)
     model_info: dict[str, Any] = dict(header.metadata)
     for key in header.array_lengths:  # arrays are not read (Ollama sends null unless verbose)
         model_info[key] = None
