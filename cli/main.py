@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from typing import List, Optional
 
@@ -22,9 +21,6 @@ app = typer.Typer(
     help="Large language model runner: ollama run, rebuilt in Python.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-_MODEL_NAME = re.compile(r"^[\w][\w.\-]*(/[\w][\w.\-]*)*(:[\w][\w.\-]*)?$")
-
 
 def _setup_logging(cfg: config.Config) -> None:
     level = logging.DEBUG if cfg.debug else logging.WARNING
@@ -59,16 +55,16 @@ def _parse_options(pairs: list[str]) -> dict:
 def _split_model_and_prompt(args: list[str], cfg: config.Config) -> tuple[str | None, list[str]]:
     """``run [MODEL] [PROMPT...]``: the first word is the model when it can name one.
 
-    A first word that resolves to a model (the default's name, a .gguf path, a store name) or
-    looks like a model name is the model; anything else (it has spaces, say) starts the prompt
-    and the default model runs.
+    A first word that names a model (the default's name, a .gguf path, anything that parses as a
+    store name by Ollama's rules, a registry host with a port included) is the model; anything
+    else (it has spaces, say) starts the prompt and the default model runs.
     """
     if not args:
         return None, []
     first = args[0]
     if first == "":
         return None, args[1:]
-    if store.is_default_name(first) or store.looks_like_path(first) or _MODEL_NAME.match(first):
+    if store.is_default_name(first) or store.looks_like_path(first) or store.is_name(first):
         return first, args[1:]
     return None, args
 

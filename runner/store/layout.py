@@ -1,0 +1,87 @@
+"""Where things live in the model store, and the one check every store path goes through.
+
+Ollama's layout (reference §7.1)::
+
+    $OLLAMA_MODELS/manifests/<host>/<namespace>/<model>/<tag>   JSON manifest
+    $OLLAMA_MODELS/blobs/sha256-<64 hex>                        content-addressed layers
+
+Every path the store reads, writes or removes comes from :meth:`Layout.inside`, which proves it
+lies inside ``OLLAMA_MODELS`` (after ``..`` and symbolic links are resolved). Names and digests are
+validated before they become paths; this check is the second line, so that no future caller can
+reach outside the store by accident.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ..api import InvalidRequest
+from .names import Name
+
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-fA-F]{64})$")
+
+
+class OutsideStore(InvalidRequest):
+    """A path built from a request would lie outside the model store."""
+
+
+def digest_hex(digest: str) -> str | None:
+    """The 64 lowercase hex digits of ``sha256:<hex>`` / ``sha256-<hex>``, or None."""
+    match = _DIGEST.match(digest or "") if isinstance(digest, str) else None
+    return match.group(1).lower() if match else None
+
+
+class Layout:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser()
+
+    def inside(self, *parts: str) -> Path:
+        """``root/parts...``, proven to stay inside the store.
+
+        Each part must be one plain path component (not empty, ``.`` or ``..``, no separator or
+        NUL), and the path with symbolic links resolved must lie below the resolved root.
+        Raises :class:`OutsideStore`.
+        """
+        for part in parts:
+            if (not isinstance(part, str) or part in ("", ".", "..") or "/" in part
+                    or os.sep in part or "\x00" in part):
+                raise OutsideStore(f"invalid store path component {part!r}")
+        root = self.root.resolve()
+        path = root.joinpath(*parts)
+        real = path.resolve()
+        if real != root and root not in real.parents:
+            raise OutsideStore(f"{'/'.join(parts)} lies outside the model store")
+        return path
+
+    def recheck(self, path: Path) -> Path:
+        """``path`` (one this layout made) checked again, just before it is written or removed."""
+        try:
+            parts = Path(path).relative_to(self.root.resolve()).parts
+        except ValueError:
+            raise OutsideStore(f"{path} lies outside the model store") from None
+        return self.inside(*parts)
+
+    @property
+    def manifests(self) -> Path:
+        return self.inside("manifests")
+
+    @property
+    def blobs(self) -> Path:
+        return self.inside("blobs")
+
+    def manifest(self, name: Name) -> Path:
+        return self.inside("manifests", *name.parts())
+
+    def blob(self, digest: str) -> Path:
+        """The blob file of ``digest`` (``sha256:<hex>`` or ``sha256-<hex>``). Raises
+        :class:`OutsideStore` for anything else."""
+        hex_digest = digest_hex(digest)
+        if hex_digest is None:
+            raise OutsideStore(f"invalid blob digest {digest!r}")
+        return self.inside("blobs", f"sha256-{hex_digest}")
+
+    def relative_manifest(self, path: Path) -> tuple[str, ...]:
+        """A manifest file's parts below ``manifests/`` (host, namespace, model, tag)."""
+        return path.relative_to(self.manifests).parts

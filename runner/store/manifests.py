@@ -1,0 +1,107 @@
+"""Manifests: which blobs make a model, and the changes a user makes to the store (copy, delete).
+
+A manifest is Docker's image manifest v2 as Ollama writes it: a config blob and layers, each
+``{mediaType, digest, size}``. A copy is a new manifest naming the same blobs; a delete removes
+the manifest, its emptied folders, then every blob it named that no other manifest names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..api import InvalidModel
+from . import blobs
+from .layout import Layout, OutsideStore, digest_hex
+from .names import Name, name_from_parts
+
+log = logging.getLogger(__name__)
+
+MANIFEST_MEDIA_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+CONFIG_MEDIA_TYPE = "application/vnd.docker.container.image.v1+json"
+LAYER_MEDIA_PREFIX = "application/vnd.ollama.image."
+MODEL_MEDIA_TYPE = LAYER_MEDIA_PREFIX + "model"
+
+
+def read(layout: Layout, name: Name) -> dict[str, Any] | None:
+    """The manifest of ``name``, or None when there is none. Raises InvalidModel when unreadable."""
+    path = layout.manifest(name)
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InvalidModel(f'model "{name}" has an unreadable manifest: {err}') from None
+    if not isinstance(manifest, dict):
+        raise InvalidModel(f'model "{name}" has an unreadable manifest')
+    return manifest
+
+
+def layers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    return [layer for layer in manifest.get("layers") or [] if isinstance(layer, dict)]
+
+
+def digests(manifest: dict[str, Any]) -> set[str]:
+    """The hex digests a manifest names (config and layers); malformed ones are skipped."""
+    out = set()
+    for item in [manifest.get("config")] + layers(manifest):
+        hex_digest = digest_hex(item.get("digest", "")) if isinstance(item, dict) else None
+        if hex_digest:
+            out.add(hex_digest)
+    return out
+
+
+def names(layout: Layout) -> Iterator[tuple[Name, Path]]:
+    """Every valid manifest name in the store with its file (others are skipped, as Ollama)."""
+    root = layout.manifests
+    if not root.is_dir():
+        return
+    for path in root.glob("*/*/*/*"):
+        name = name_from_parts(layout.relative_manifest(path))
+        if name is not None and path.is_file() and not path.is_symlink():
+            yield name, path
+
+
+def write(layout: Layout, name: Name, manifest: dict[str, Any]) -> None:
+    blobs.write_atomic(layout, layout.manifest(name), json.dumps(manifest).encode())
+
+
+def new_model_manifest(layout: Layout, model_digest: str, model_size: int) -> dict[str, Any]:
+    """A one-layer manifest for an imported GGUF (its config blob is written here)."""
+    config = json.dumps({"model_format": "gguf", "model_family": "", "file_type": ""}).encode()
+    config_digest = blobs.write_blob(layout, config)
+    return {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
+        "layers": [{"mediaType": MODEL_MEDIA_TYPE, "digest": model_digest, "size": model_size}],
+    }
+
+
+def remove(layout: Layout, name: Name) -> dict[str, Any]:
+    """Delete ``name``'s manifest and the blobs only it used; returns the removed manifest."""
+    path = layout.manifest(name)
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    if not isinstance(manifest, dict):
+        manifest = {}
+    blobs.remove(layout, path)
+    blobs.prune_empty_dirs(layout, path.parent, layout.manifests)
+    still_used: set[str] = set()
+    for _, other in names(layout):
+        try:
+            other_manifest = json.loads(other.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(other_manifest, dict):
+            still_used |= digests(other_manifest)
+    for hex_digest in digests(manifest) - still_used:
+        try:
+            blobs.remove(layout, layout.blob(f"sha256:{hex_digest}"))
+        except OutsideStore:  # a blob path that is a link out of the store: leave it
+            log.warning("not removing blob sha256-%s: it leads outside the store", hex_digest)
+    return manifest
