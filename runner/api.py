@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------- errors
@@ -100,9 +104,17 @@ class Options:
         return [f.name for f in dataclasses.fields(cls)]
 
     def merged(self, values: Mapping[str, Any] | None) -> "Options":
-        """A copy with ``values`` applied. Unknown names and uncoercible values raise InvalidRequest."""
+        """A copy with ``values`` applied, as Ollama applies a request's ``options``: a ``null``
+        value leaves the option as it is; a name that is not an option (a typo, or one Ollama
+        dropped such as ``mirostat`` or ``tfs_z``) is logged once and ignored. A value of the
+        wrong type raises InvalidRequest."""
         out = dataclasses.replace(self, stop=list(self.stop))
         for name, raw in (values or {}).items():
+            if raw is None:
+                continue
+            if name not in _FIELD_TYPES:
+                _warn_unknown_option(str(name))
+                continue
             setattr(out, name, coerce_option(name, raw))
         return out
 
@@ -111,6 +123,11 @@ class Options:
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(Options)}
+
+
+@functools.lru_cache(maxsize=256)  # bounded: option names come from the network
+def _warn_unknown_option(name: str) -> None:
+    log.warning("ignoring option %r: not an option pollama knows (it may be one Ollama dropped)", name[:64])
 
 
 def coerce_option(name: str, raw: Any) -> Any:
@@ -203,6 +220,12 @@ class Metrics:
     eval_duration: int = 0
     load_duration: int = 0
     total_duration: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The whole prompt, cached and evaluated: what the APIs report as the prompt's size
+        (Ollama's ``prompt_eval_count``, OpenAI's ``prompt_tokens``)."""
+        return self.prompt_eval_count + self.prompt_cached_count
 
 
 @dataclass
