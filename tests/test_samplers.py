@@ -175,3 +175,30 @@ def test_sampling_a_49k_vocab_is_fast() -> None:
             s.accept(s.sample(logits))
         dt = (time.perf_counter() - t0) / 200
         print(f"top_k={o.top_k} top_p={o.top_p} temp={o.temperature}: {dt * 1e6:.0f} us/token")
+
+
+@pytest.mark.parametrize("typical_p,top_k", [(0.5, 0), (0.9, 0), (0.2, 40), (0.95, 100)])
+def test_typical_p_keeps_what_llama_cpp_keeps(typical_p: float, top_k: int) -> None:
+    """Locally typical sampling: the surviving candidates equal llama.cpp's typical sampler's."""
+    L = llama_cpp
+    rng = np.random.default_rng(11)
+    n_vocab = 500
+    logits = (rng.standard_normal(n_vocab) * 2.5).astype(np.float32)
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    if top_k:
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(top_k))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_typical(typical_p, 1))
+    data = (L.llama_token_data * n_vocab)()
+    for i in range(n_vocab):
+        data[i].id, data[i].logit, data[i].p = i, float(logits[i]), 0.0
+    arr = L.llama_token_data_array(data=data, size=n_vocab, selected=-1, sorted=False)
+    L.llama_sampler_apply(chain, ctypes_pointer(arr))
+    want = sorted(data[i].id for i in range(arr.size))
+    L.llama_sampler_free(chain)
+
+    s = Sampler(opts(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0, typical_p=typical_p))
+    ids, probs = s._candidates(logits)
+    assert sorted(ids.tolist()) == want
+    assert 0 < len(want) < (top_k or n_vocab)
+    assert list(logits[ids]) == sorted(logits[ids], reverse=True)  # still sorted by logit
+    np.testing.assert_allclose(probs.sum(), 1.0)

@@ -7,6 +7,9 @@ Order, as in Ollama's new engine, with llama.cpp's repetition penalties in front
    ``logit / repeat_penalty``, then ``logit -= c * frequency_penalty + presence_penalty``;
 2. ``temperature == 0``: greedy (argmax), done;
 3. top_k (``k <= 0`` or ``k >= vocab``: all tokens), sorted by logit, descending;
+   then typical_p (``< 1``; llama.cpp's locally typical sampling): with ``p`` the softmax of the
+   raw logits and ``H`` its entropy, keep the tokens closest to ``|-log p - H| = 0`` until their
+   probabilities add up to more than ``typical_p``;
 4. temperature: ``logit / max(temperature, 1e-7)``;
 5. softmax;
 6. top_p: keep the shortest prefix whose cumulative probability exceeds ``top_p`` (1.0: all);
@@ -37,6 +40,7 @@ class SamplerOptions:
     top_k: int = 40
     top_p: float = 0.9
     min_p: float = 0.0
+    typical_p: float = 1.0
     seed: int = -1
     repeat_penalty: float = 1.1
     repeat_last_n: int = 64  # 0: off, -1: the whole context (num_ctx)
@@ -85,6 +89,7 @@ class Sampler:
         self.top_k = int(o.top_k)
         self.top_p = min(max(float(o.top_p), 0.0), 1.0)
         self.min_p = min(max(float(o.min_p), 0.0), 1.0)
+        self.typical_p = min(max(float(o.typical_p), 0.0), 1.0)
         last_n = num_ctx if o.repeat_last_n < 0 else o.repeat_last_n
         self.penalize = last_n > 0 and (
             o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
@@ -130,9 +135,15 @@ class Sampler:
         n = logits.shape[0]
         temp = max(self.temperature, 1e-7)
         k = self.top_k
-        if 0 < k < n:
-            part = np.argpartition(logits, n - k)[n - k :]
-            ids = part[np.argsort(-logits[part], kind="stable")]
+        typical = 0.0 < self.typical_p < 1.0
+        if 0 < k < n or typical:
+            if 0 < k < n:
+                part = np.argpartition(logits, n - k)[n - k :]
+                ids = part[np.argsort(-logits[part], kind="stable")]
+            else:
+                ids = np.argsort(-logits, kind="stable")
+            if typical:
+                ids = self._typical(logits, ids)
             scaled = logits[ids].astype(np.float64) / temp
             probs = np.exp(scaled - scaled[0])
             probs /= probs.sum()
@@ -157,6 +168,19 @@ class Sampler:
             if m >= n or len(cut_ids) < m:
                 return cut_ids, cut_probs
             m = min(n, m * 8)
+
+    def _typical(self, logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Locally typical sampling over candidates ``ids`` (sorted by logit, descending):
+        the survivors, still sorted by logit."""
+        x = logits[ids].astype(np.float64)
+        shifted = x - x[0]
+        log_probs = shifted - np.log(np.exp(shifted).sum())
+        probs = np.exp(log_probs)
+        entropy = -float((probs * log_probs).sum())
+        order = np.argsort(np.abs(-log_probs - entropy), kind="stable")
+        over = np.flatnonzero(np.cumsum(probs[order]) > self.typical_p)
+        keep = order[: int(over[0]) + 1] if over.size else order
+        return ids[np.sort(keep)]
 
     def _cut(self, ids: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Apply top_p then min_p to sorted candidates (Ollama's rules)."""
