@@ -138,10 +138,11 @@ def metrics_block(m: Metrics, engine: str) -> str:
     lines = [
         f"total duration:       {go_duration(m.total_duration)}",
         f"load duration:        {go_duration(m.load_duration)}",
-        f"prompt eval count:    {m.prompt_eval_count} token(s)",
+        f"prompt eval count:    {m.prompt_tokens} token(s)",
         f"prompt cache:         {m.prompt_cached_count} token(s)",
     ]
     if m.prompt_eval_duration > 0:
+        # the rate of the work done: tokens taken from the cache cost nothing
         lines.append(f"prompt eval duration: {go_duration(m.prompt_eval_duration)}")
         lines.append(f"prompt eval rate:     {m.prompt_eval_count / (m.prompt_eval_duration / 1e9):.2f} tokens/s")
     lines.append(f"eval count:           {m.eval_count} token(s)")

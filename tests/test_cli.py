@@ -39,9 +39,10 @@ def spawn_repl(home, *args, **extra):
 
 def metrics(child) -> dict:
     child.expect(r"prompt eval count:\s+(\d+) token")
-    evaluated = int(child.match.group(1))
+    prompt = int(child.match.group(1))  # the whole prompt, as Ollama reports it
     child.expect(r"prompt cache:\s+(\d+) token")
     cached = int(child.match.group(1))
+    evaluated = prompt - cached
     child.expect(r"eval count:\s+(\d+) token")
     produced = int(child.match.group(1))
     child.expect(r"engine:\s+(\w+)")

@@ -84,7 +84,8 @@ def test_generate_stream_and_not(client):
                             options={**GREEDY, "num_predict": 24})
     assert whole.done and whole.response == streamed
     assert whole.context == final.context
-    assert whole.prompt_eval_count < final.prompt_eval_count  # the same prompt: a cache hit
+    # prompt_eval_count is the whole prompt (cached or not), as Ollama reports it
+    assert whole.prompt_eval_count == final.prompt_eval_count == len(final.context) - 24
 
 
 def test_num_predict_gives_exactly_that_many_tokens(client):
@@ -112,16 +113,21 @@ def test_chat_stream_and_not(client):
     assert whole.eval_count == final.eval_count
 
 
-def test_chat_history_reuses_the_slot_cache(client):
+def test_chat_history_reuses_the_slot_cache(client, oai):
     first = [{"role": "system", "content": "You are a helpful assistant who answers briefly."},
              {"role": "user", "content": "Name three colors of the rainbow."}]
     turn1 = client.chat(model=SMOL, messages=first, options={**GREEDY, "num_predict": 40})
     history = first + [{"role": "assistant", "content": turn1.message.content},
                        {"role": "user", "content": "And two more?"}]
     turn2 = client.chat(model=SMOL, messages=history, options={**GREEDY, "num_predict": 20})
-    # turn 2's prompt holds all of turn 1's and more, but only the new tokens are evaluated
-    assert turn2.prompt_eval_count < 20 < turn1.prompt_eval_count + turn1.eval_count
+    # prompt_eval_count is the whole prompt: turn 2's holds all of turn 1's and more
+    assert turn2.prompt_eval_count > turn1.prompt_eval_count + turn1.eval_count
     assert turn2.message.content
+    # ... and only the new tokens were evaluated: OpenAI's usage says how many came from the cache
+    history += [{"role": "assistant", "content": turn2.message.content}, {"role": "user", "content": "Thanks!"}]
+    turn3 = oai.chat.completions.create(model=SMOL, messages=history, max_tokens=4, temperature=0)
+    assert turn3.usage.prompt_tokens - turn3.usage.prompt_tokens_details.cached_tokens < 20
+    assert turn3.usage.prompt_tokens_details.cached_tokens > turn2.prompt_eval_count
 
 
 def test_tags_show_ps(client, server):

@@ -148,7 +148,7 @@ def final_fields(chunk: Chunk) -> dict[str, Any]:
     return {
         "total_duration": m.total_duration,
         "load_duration": m.load_duration,
-        "prompt_eval_count": m.prompt_eval_count,
+        "prompt_eval_count": m.prompt_tokens,  # the whole prompt, as Ollama reports it
         "prompt_eval_duration": m.prompt_eval_duration,
         "eval_count": m.eval_count,
         "eval_duration": m.eval_duration,
