@@ -11,6 +11,7 @@ import typer
 import runner
 from runner import config, store
 from runner.api import Options, PollamaError, Request, coerce_option
+from runner.version import pollama_version
 
 from . import render
 from .chat import Session, repl, stream_response
@@ -21,6 +22,20 @@ app = typer.Typer(
     help="Large language model runner: ollama run, rebuilt in Python.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"pollama version {pollama_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", "-v", callback=_print_version, is_eager=True,
+                                 help="Show pollama's version and exit"),
+) -> None:
+    """Large language model runner: ollama run, rebuilt in Python."""
+
 
 def _setup_logging(cfg: config.Config) -> None:
     level = logging.DEBUG if cfg.debug else logging.WARNING

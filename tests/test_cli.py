@@ -231,3 +231,8 @@ def test_store_model_parameters_and_system_apply(_isolated_home, tmp_path):
     child.expect_exact(">>> ")
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+
+
+def test_version_is_pollamas_own(_isolated_home):
+    result = run_cli(["--version"], _isolated_home)
+    assert result.returncode == 0 and result.stdout.strip() == "pollama version 0.1.0"

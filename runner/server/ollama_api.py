@@ -8,7 +8,6 @@ unloads it (``"unload"``). Durations are nanoseconds.
 from __future__ import annotations
 
 import asyncio
-from importlib import metadata
 from typing import Any, AsyncIterator, Literal, Union
 
 from fastapi import APIRouter, Depends, Request as HTTPRequest
@@ -16,6 +15,7 @@ from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from runner import store
+from runner.version import OLLAMA_API_VERSION, pollama_version
 from runner.api import Chunk, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
@@ -29,10 +29,8 @@ Format = Union[str, dict[str, Any], None]
 
 
 def version() -> str:
-    try:
-        return metadata.version("pollama")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0.0.0"
+    """pollama's own version (the OpenAPI schema and the log say it)."""
+    return pollama_version()
 
 
 def service(request: HTTPRequest) -> Service:
@@ -238,7 +236,7 @@ async def root() -> PlainTextResponse:
 @router.get("/api/version")
 @router.head("/api/version", include_in_schema=False)
 async def api_version() -> dict[str, str]:
-    return {"version": version()}
+    return {"version": OLLAMA_API_VERSION}  # the Ollama API pollama speaks (runner/version.py)
 
 
 @router.post("/api/generate")
