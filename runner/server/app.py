@@ -1,6 +1,7 @@
 """The FastAPI app and the uvicorn server around it (``pollama serve``).
 
-Errors: every error body is ``{"error": "..."}``: runner errors carry their status
+Errors: every error body has the shape of its API (``http.error_body``: OpenAI's under ``/v1/``,
+``{"error": "..."}`` elsewhere): runner errors carry their status
 (:class:`~runner.api.PollamaError`), FastAPI's validation errors become 400, unknown routes 404,
 wrong methods 405, and anything unexpected 500 (logged with its traceback).
 
@@ -33,8 +34,9 @@ from .service import Service
 log = logging.getLogger("runner.server")
 
 
-def _error(status: int, message: str) -> Response:
-    return Response(error_body(message), status_code=status, media_type=JSON)
+def _error(request: Request, status: int, message: str) -> Response:
+    return Response(error_body(message, status=status, path=request.url.path), status_code=status,
+                    media_type=JSON)
 
 
 def _validation_message(err: RequestValidationError) -> str:
@@ -71,17 +73,17 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
     app.state.service = Service(scheduler)
 
     @app.exception_handler(PollamaError)
-    async def pollama_error(_: Request, err: PollamaError) -> Response:
-        return _error(status_of(err), str(err))
+    async def pollama_error(request: Request, err: PollamaError) -> Response:
+        return _error(request, status_of(err), str(err))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, err: RequestValidationError) -> Response:
-        return _error(400, _validation_message(err))
+    async def validation_error(request: Request, err: RequestValidationError) -> Response:
+        return _error(request, 400, _validation_message(err))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
         message = {404: "404 page not found", 405: "405 method not allowed"}.get(err.status_code, str(err.detail))
-        return _error(err.status_code, message)
+        return _error(request, err.status_code, message)
 
     app.include_router(ollama_api.router)
     app.include_router(openai_api.router)

@@ -1,8 +1,10 @@
-"""HTTP plumbing shared by both APIs: the cancellable streaming response, error bodies, access log.
+"""HTTP plumbing shared by the APIs: error bodies, the cancellable streaming response, access log.
 
-Every error body is ``{"error": "..."}``. A response produced by a :class:`RunnerResponse` decides
-its status from its first piece: an error raised before any output becomes that error's status
-and body; an error after the headers went out is the producer's to report in-band.
+Error bodies take the shape of the API a path belongs to (:func:`error_body`): OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` under ``/v1/``, Ollama's ``{"error": "..."}``
+elsewhere. A response produced by a :class:`RunnerResponse` decides its status from its first
+piece: an error raised before any output becomes that error's status and body; an error after the
+headers went out is the producer's to report in-band.
 """
 
 from __future__ import annotations
@@ -39,7 +41,16 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def error_body(message: str) -> bytes:
+def openai_error(status: int, message: str) -> dict[str, Any]:
+    """OpenAI's error object; ``type`` as Ollama's openai.NewError chooses it from the status."""
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def error_body(message: str, *, status: int = 500, path: str = "/api/") -> bytes:
+    """The error body for a request to ``path``: OpenAI's shape on ``/v1/*``, else Ollama's."""
+    if path == "/v1" or path.startswith("/v1/"):
+        return dumps(openai_error(status, message))
     return dumps({"error": message})
 
 
@@ -59,7 +70,7 @@ class RunnerResponse(Response):
     While the body is produced, the client's connection is watched: when it goes away, ``on_close``
     runs (it cancels the runner's sequence, which frees the slot) and the producer is cancelled, so
     its ``finally`` blocks release what it holds. A :class:`PollamaError` raised before the first
-    piece becomes an HTTP error with ``{"error": ...}``.
+    piece becomes an HTTP error with the path's :func:`error_body`.
     """
 
     def __init__(self, body: Callable[[], AsyncIterator[bytes]], media_type: str,
@@ -87,13 +98,13 @@ class RunnerResponse(Response):
 
             group.start_soon(watch)
             try:
-                await self._produce(send)
+                await self._produce(send, scope.get("path", ""))
             finally:
                 group.cancel_scope.cancel()
         if self.background is not None and not self.disconnected:
             await self.background()
 
-    async def _produce(self, send: Send) -> None:
+    async def _produce(self, send: Send, path: str) -> None:
         started = False
         pieces = self.produce()
         try:
@@ -109,21 +120,22 @@ class RunnerResponse(Response):
             if started:
                 log.warning("stream ended with an error: %s", err)
             else:
-                await send_json(send, status_of(err), error_body(str(err)))
+                status = status_of(err)
+                await send_json(send, status, error_body(str(err), status=status, path=path))
                 return
         except (anyio.get_cancelled_exc_class(), OSError):
             raise
         except Exception as err:  # a bug: log it, answer 500, keep serving
             log.exception("request failed")
             if not started:
-                await send_json(send, 500, error_body(f"internal error: {err}"))
+                await send_json(send, 500, error_body(f"internal error: {err}", path=path))
                 return
         finally:
             await _aclose(pieces)
         if started:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
-            await send_json(send, 500, error_body("no response produced"))
+            await send_json(send, 500, error_body("no response produced", path=path))
 
 
 async def _aclose(gen: AsyncIterator[bytes]) -> None:
@@ -135,7 +147,7 @@ async def _aclose(gen: AsyncIterator[bytes]) -> None:
 
 class ServerMiddleware:
     """Outermost layer: one log line per request, JSON bodies for non-JSON content types, and a
-    500 ``{"error": ...}`` for anything that escaped the handlers.
+    500 in the path's error shape for anything that escaped the handlers.
 
     ``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; Ollama reads the body as JSON
     whatever the header says, so the API paths get ``application/json``.
@@ -169,7 +181,7 @@ class ServerMiddleware:
             if not status:
                 status = 500
                 try:
-                    await send_json(send, 500, error_body(f"internal error: {err}"))
+                    await send_json(send, 500, error_body(f"internal error: {err}", path=path))
                 except Exception:
                     pass
         finally:

@@ -4,6 +4,8 @@ Requests map onto the native options as Ollama's middleware does (reference §5.
 ``max_tokens``→``num_predict``, ``temperature`` and ``top_p`` default to 1.0, ``seed``, ``stop``
 (a string or a list), the penalties, and ``response_format`` (``json_object``→"json",
 ``json_schema``→its schema). Streams are SSE ``data: {chunk}`` lines ending ``data: [DONE]``.
+Errors have OpenAI's shape (``http.openai_error``), in the body or, once a stream has begun, as
+its last ``data:`` event.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
-from .http import JSON, SSE, RunnerResponse, dumps
+from .http import JSON, SSE, RunnerResponse, dumps, openai_error, status_of
 from .ollama_api import normalize_dims, service
 from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
@@ -217,7 +219,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
         except Exception as err:
             if not started:
                 raise
-            yield sse({"error": str(err)})
+            yield sse(openai_error(status_of(err), str(err)))
         finally:
             await chunks.aclose()
 

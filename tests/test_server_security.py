@@ -1,0 +1,86 @@
+"""``pollama serve``'s OpenAI error shape and its /v1 input checks.
+
+Everything runs against a real server subprocess; stories260K (1.2 MB) is the model where one is
+needed, and the official ``openai`` client is the witness for the /v1 errors.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import STORIES
+from serverproc import ServerProcess
+
+STORIES_PATH = str(STORIES)
+HI = [{"role": "user", "content": "Once upon a time"}]
+
+
+def _stop(proc: ServerProcess) -> None:
+    code = proc.stop()
+    assert code == 0, proc.last_log
+    assert "Traceback" not in proc.last_log, proc.last_log
+
+
+@pytest.fixture(scope="module")
+def server():
+    """Bound to 127.0.0.1, as by default."""
+    proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048"}).start()
+    yield proc
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="pollama", timeout=60, max_retries=0)
+
+
+# ----------------------------------------------------------------------------- OpenAI errors
+def test_openai_errors_show_their_reason(oai, server):
+    cases = [
+        (openai.NotFoundError, 'model "missing:latest" not found',
+         lambda: oai.chat.completions.create(model="missing:latest", messages=HI)),
+        (openai.NotFoundError, 'model "missing:latest" not found',  # a stream that fails before its first byte
+         lambda: oai.chat.completions.create(model="missing:latest", messages=HI, stream=True)),
+        (openai.NotFoundError, 'model "missing:latest" not found',
+         lambda: oai.completions.create(model="missing:latest", prompt="Once")),
+        (openai.NotFoundError, "not found", lambda: oai.embeddings.create(model="missing:latest", input="Once")),
+        (openai.NotFoundError, "not found", lambda: oai.models.retrieve("missing:latest")),
+        (openai.BadRequestError, "messages.0.role",  # a validation error
+         lambda: oai.chat.completions.create(model=STORIES_PATH, messages=[{"role": "wizard", "content": "hi"}])),
+        (openai.BadRequestError, "invalid response_format", lambda: oai.chat.completions.create(
+            model=STORIES_PATH, messages=HI, response_format={"type": "yaml"})),  # a handler's error
+        (openai.NotFoundError, "404 page not found", lambda: oai.get("/no/such/route", cast_to=object)),
+    ]
+    for kind, reason, call in cases:
+        with pytest.raises(kind) as info:
+            call()
+        assert reason in str(info.value), (reason, str(info.value))
+        assert info.value.type == {400: "invalid_request_error", 404: "not_found_error"}[info.value.status_code]
+    r = httpx.put(server.url + "/v1/chat/completions")
+    assert r.status_code == 405 and r.json() == {"error": {
+        "message": "405 method not allowed", "type": "api_error", "param": None, "code": None}}
+    # Ollama's API keeps its own shape
+    r = httpx.post(server.url + "/api/generate", json={"model": "missing:latest", "prompt": "hi"})
+    assert r.status_code == 404 and r.json() == {"error": 'model "missing:latest" not found'}
+
+
+def test_openai_error_mid_stream_shows_its_reason():
+    proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048"}).start()
+    client = openai.OpenAI(base_url=proc.url + "/v1", api_key="pollama", timeout=60, max_retries=0)
+    stream = client.completions.create(model=STORIES_PATH, prompt="Once upon a time", max_tokens=20000,
+                                       seed=1, stream=True)
+    chunks = iter(stream)
+    next(chunks)
+    proc.proc.send_signal(signal.SIGTERM)  # ends the running stream with an error
+    with pytest.raises(openai.APIError) as info:
+        for _ in chunks:
+            pass
+    assert "server is shutting down" in str(info.value)
+    assert info.value.body == {"message": "server is shutting down", "type": "api_error", "param": None, "code": None}
+    assert proc.proc.wait(30) == 0
+    _stop(proc)
