@@ -84,3 +84,34 @@ def test_openai_error_mid_stream_shows_its_reason():
     assert info.value.body == {"message": "server is shutting down", "type": "api_error", "param": None, "code": None}
     assert proc.proc.wait(30) == 0
     _stop(proc)
+
+
+# ------------------------------------------------------------------------------ /v1 limits
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"max_tokens": 0}, "invalid max_tokens 0"),
+    ({"max_tokens": -3}, "invalid max_tokens -3"),
+    ({"max_completion_tokens": 0}, "invalid max_completion_tokens 0"),
+    ({"n": 2}, "invalid n 2"),
+    ({"n": 0}, "invalid n 0"),
+])
+def test_chat_completions_limits(oai, kwargs, reason):
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model=STORIES_PATH, messages=HI, **kwargs)
+    assert reason in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"max_tokens": 0}, "invalid max_tokens 0"),
+    ({"n": 3}, "invalid n 3"),
+])
+def test_completions_limits(oai, kwargs, reason):
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model=STORIES_PATH, prompt="Once", **kwargs)
+    assert reason in str(info.value)
+
+
+def test_one_choice_and_one_token_are_fine(oai):
+    out = oai.chat.completions.create(model=STORIES_PATH, messages=HI, n=1, max_completion_tokens=1)
+    assert len(out.choices) == 1 and out.usage.completion_tokens == 1
+    out = oai.completions.create(model=STORIES_PATH, prompt="Once", n=1, max_tokens=1)
+    assert len(out.choices) == 1 and out.usage.completion_tokens == 1
