@@ -1,4 +1,4 @@
-"""``pollama serve``'s OpenAI error shape and its /v1 input checks.
+"""``pollama serve``'s browser and network safety, its OpenAI error shape and its /v1 input checks.
 
 Everything runs against a real server subprocess; stories260K (1.2 MB) is the model where one is
 needed, and the official ``openai`` client is the witness for the /v1 errors.
@@ -6,6 +6,7 @@ needed, and the official ``openai`` client is the witness for the /v1 errors.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -115,3 +116,41 @@ def test_one_choice_and_one_token_are_fine(oai):
     assert len(out.choices) == 1 and out.usage.completion_tokens == 1
     out = oai.completions.create(model=STORIES_PATH, prompt="Once", n=1, max_tokens=1)
     assert len(out.choices) == 1 and out.usage.completion_tokens == 1
+
+
+# -------------------------------------------------------------------------- lone surrogates
+M = json.dumps(STORIES_PATH)
+SURROGATE_BODIES = [  # JSON text: \ud800 below is the six characters of a JSON escape
+    ("/api/generate", '{"model": %s, "prompt": "a \\ud800 b", "stream": false}' % M),
+    ("/api/generate", '{"model": %s, "prompt": "hi", "system": "\\udfff", "stream": false}' % M),
+    ("/api/chat", '{"model": %s, "messages": [{"role": "user", "content": "\\ud83d"}], "stream": false}' % M),
+    ("/api/embed", '{"model": %s, "input": ["ok", "\\ud800"]}' % M),
+    ("/api/embeddings", '{"model": %s, "prompt": "\\ud800"}' % M),
+    ("/api/show", '{"model": "tiny\\ud800"}'),
+    ("/api/copy", '{"source": %s, "destination": "x\\udc00y"}' % M),
+    ("/api/generate", '{"model": %s, "prompt": "hi", "\\ud800": 1, "stream": false}' % M),  # in a key
+    ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "\\ud800"}]}' % M),
+    ("/v1/completions", '{"model": %s, "prompt": "\\ude00"}' % M),
+    ("/v1/embeddings", '{"model": %s, "input": "\\ud800"}' % M),
+]
+
+
+@pytest.mark.parametrize("path, body", SURROGATE_BODIES)
+def test_lone_surrogates_are_400(server, path, body):
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert "surrogate" in (error["message"] if path.startswith("/v1/") else error)
+
+
+def test_lone_surrogate_as_raw_bytes_is_400(server):
+    body = b'{"model": %s, "prompt": "a \xed\xa0\x80 b", "stream": false}' % M.encode()
+    r = httpx.post(server.url + "/api/generate", content=body, timeout=60)
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_fine(server):
+    for prompt in ('"\\ud83d\\ude00 Once"', '"\\\\ud800 Once"'):  # 😀, and the text \ud800
+        body = '{"model": %s, "prompt": %s, "stream": false, "options": {"num_predict": 1}}' % (M, prompt)
+        r = httpx.post(server.url + "/api/generate", content=body, timeout=60)
+        assert r.status_code == 200 and r.json()["done"], r.text

@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by the APIs: error bodies, the cancellable streaming response, access log.
+"""HTTP plumbing shared by the APIs: error bodies, the cancellable streaming response, the request
+boundary (JSON bodies, access log, last-resort 500).
 
 Error bodies take the shape of the API a path belongs to (:func:`error_body`): OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` under ``/v1/``, Ollama's ``{"error": "..."}``
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -146,12 +148,8 @@ async def _aclose(gen: AsyncIterator[bytes]) -> None:
 
 
 class ServerMiddleware:
-    """Outermost layer: one log line per request, JSON bodies for non-JSON content types, and a
-    500 in the path's error shape for anything that escaped the handlers.
-
-    ``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; Ollama reads the body as JSON
-    whatever the header says, so the API paths get ``application/json``.
-    """
+    """Outermost layer: one log line per request, and a 500 in the path's error shape for anything
+    that escaped the handlers."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -161,10 +159,6 @@ class ServerMiddleware:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        if scope.get("method") in ("POST", "DELETE", "PUT") and path.startswith(("/api/", "/v1/")):
-            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
-            headers.append((b"content-type", b"application/json"))
-            scope = dict(scope, headers=headers)
         t0 = time.perf_counter()
         status = 0
 
@@ -189,6 +183,80 @@ class ServerMiddleware:
             client = scope.get("client") or ("-", 0)
             log.info('| %3d | %12s | %15s | %-7s "%s"', status, _elapsed(elapsed), client[0],
                      scope.get("method", "?"), path)
+
+
+# An escaped UTF-16 surrogate (\ud800-\udfff) or its raw UTF-8 form (which Python's json
+# decodes with "surrogatepass"): only bodies with one of these need the full check.
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def lone_surrogate(body: bytes) -> bool:
+    """Whether a JSON body holds a string (value or key) with a lone UTF-16 surrogate: valid JSON,
+    but not Unicode, so no text encoder downstream can take it."""
+    if not _SURROGATE_HINT.search(body):
+        return False
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False  # not JSON: the handler reports that
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class JsonBodyMiddleware:
+    """The request boundary for the API's JSON bodies (POST, PUT, PATCH, DELETE under ``/api/`` and
+    ``/v1/``): the body is read whole before any handler runs, and
+
+    - it is JSON whatever the content type says: ``curl -d '{...}'`` sends
+      ``application/x-www-form-urlencoded`` and Ollama reads the body as JSON anyway;
+    - a string with a lone UTF-16 surrogate (``"\\ud800"``) is refused with 400 here, once, instead
+      of failing wherever the text is first encoded;
+    - a client that goes away before its body is complete gets no handler run at all.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if (scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH", "DELETE")
+                or not path.startswith(("/api/", "/v1/"))):
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return
+        if lone_surrogate(body):
+            message = "invalid request: a string in the body holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+            await send_json(send, 400, error_body(message, status=400, path=path))
+            return
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+        headers.append((b"content-type", b"application/json"))
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(dict(scope, headers=headers), replay, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client disconnected first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _elapsed(seconds: float) -> str:
