@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import time
 
 import httpx
 import openai
 import pytest
 
-from conftest import STORIES
+from conftest import STORIES, TINYSTORIES
+from runner import config
+from runner.server.middleware import Hosts, Origins
 from serverproc import ServerProcess
 
 STORIES_PATH = str(STORIES)
@@ -36,8 +39,164 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def lan_server():
+    """Bound to 0.0.0.0 (reachable from the network), with OLLAMA_ORIGINS written carelessly."""
+    proc = ServerProcess({"OLLAMA_ORIGINS": " chrome-extension://*, http://example.com:*,HTTPS://Exact.Example ,"})
+    proc.env["OLLAMA_HOST"] = f"0.0.0.0:{proc.port}"
+    proc.start()
+    yield proc
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
 def oai(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="pollama", timeout=60, max_retries=0)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def _names(url: str) -> list[str]:
+    return [m["name"] for m in httpx.get(url + "/api/tags").json()["models"]]
+
+
+# ------------------------------------------------------------------------------------- Host
+LOCAL_HOSTS = ["localhost", "localhost:11434", "LocalHost:80", "app.localhost", "a.b.localhost:8080",
+               "127.0.0.1", "127.0.0.1:11434", "127.9.8.7:1", "[::1]", "[::1]:11434", "[::ffff:127.0.0.1]:80"]
+# Ollama also accepts private and unspecified IPs, .local, .internal and the machine's hostname;
+# the issue's list is narrower.
+OTHER_HOSTS = ["evil.example", "evil.example:11434", "localhost.evil.example", "evillocalhost",
+               "127.0.0.1.nip.io", "192.168.1.10", "10.0.0.1:11434", "0.0.0.0:11434", "[::]:11434",
+               "printer.local", "db.internal"]
+if not socket.gethostname().lower().endswith("localhost"):
+    OTHER_HOSTS.append(socket.gethostname())
+
+
+@pytest.mark.parametrize("host", LOCAL_HOSTS)
+def test_loopback_server_answers_local_hosts(server, host):
+    r = httpx.get(server.url + "/api/tags", headers={"Host": host})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("host", OTHER_HOSTS)
+def test_loopback_server_refuses_other_hosts(server, host):
+    r = httpx.get(server.url + "/api/tags", headers={"Host": host})
+    assert r.status_code == 403 and "is not allowed" in r.json()["error"], r.text
+
+
+def test_host_check_details(server):
+    # DNS rebinding: a page on evil.example, its name now resolving to 127.0.0.1, is same-origin
+    # with the server as far as the browser knows; only the Host tells.
+    rebound = {"Host": f"evil.example:{server.port}", "Origin": f"http://evil.example:{server.port}"}
+    r = httpx.post(server.url + "/api/copy", headers=rebound,
+                   json={"source": STORIES_PATH, "destination": "rebound:latest"})
+    assert r.status_code == 403
+    assert "rebound:latest" not in _names(server.url)
+    # no Host at all (HTTP/1.0): not a browser
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"GET /api/version HTTP/1.0\r\n\r\n")
+        assert _read_all(sock).startswith(b"HTTP/1.1 200")
+    # OPTIONS that passes answers 204
+    r = httpx.options(server.url + "/api/chat", headers={"Host": "localhost"})
+    assert r.status_code == 204 and r.content == b""
+    # /v1 refusals use OpenAI's shape
+    r = httpx.get(server.url + "/v1/models", headers={"Host": "evil.example"})
+    assert r.status_code == 403 and "is not allowed" in r.json()["error"]["message"]
+
+
+def test_server_on_the_network_has_no_host_check(lan_server):
+    r = httpx.get(lan_server.url + "/api/tags", headers={"Host": "evil.example"})
+    assert r.status_code == 200
+
+
+def test_host_rule_table():
+    assert Hosts.of("0.0.0.0").bound is None and Hosts.of("192.0.2.1").bound is None
+    assert Hosts.of("localhost").bound == "localhost" and Hosts.of("::1").bound == "::1"
+    bound = Hosts("box.lan")  # OLLAMA_HOST=box.lan, a name resolving to a loopback address
+    assert bound.allows("box.lan:11434") and bound.allows("BOX.LAN") and bound.allows("localhost")
+    assert not bound.allows("other.lan") and bound.allows(None) and bound.allows("")
+
+
+# ------------------------------------------------------------------------------------- CORS
+DEFAULT_ORIGINS = ["http://localhost", "https://localhost", "http://localhost:3000", "https://127.0.0.1:8443",
+                   "http://127.0.0.1", "http://0.0.0.0:8080", "app://obsidian.md", "file://",
+                   "tauri://localhost", "vscode-webview://1234abcd", "vscode-file://vscode-app"]
+FOREIGN_ORIGINS = ["http://evil.example", "https://localhost.evil.example", "http://127.0.0.1.nip.io",
+                   "null", "chrome-extension://abcdef", "http://192.168.1.10:3000", "http://[::1]:3000"]
+PREFLIGHT = {"Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "content-type,authorization,x-stainless-os"}
+
+
+@pytest.mark.parametrize("origin", DEFAULT_ORIGINS)
+def test_default_origins_are_allowed(server, origin):
+    r = httpx.get(server.url + "/api/version", headers={"Origin": origin})
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == origin and r.headers["vary"] == "Origin"
+    r = httpx.options(server.url + "/v1/chat/completions", headers={"Origin": origin, **PREFLIGHT})
+    assert r.status_code == 204 and r.content == b""
+    assert r.headers["access-control-allow-origin"] == origin
+    assert r.headers["access-control-allow-methods"] == "GET,POST,PUT,PATCH,DELETE,HEAD,OPTIONS"
+    allowed = r.headers["access-control-allow-headers"].lower().split(",")
+    assert {"content-type", "authorization", "x-stainless-os", "x-stainless-retry-count", "openai-beta"} <= set(allowed)
+    assert r.headers["access-control-max-age"] == "43200"
+
+
+@pytest.mark.parametrize("origin", FOREIGN_ORIGINS)
+def test_other_origins_are_refused(server, origin):
+    for r in (httpx.get(server.url + "/api/version", headers={"Origin": origin}),
+              httpx.options(server.url + "/api/chat", headers={"Origin": origin, **PREFLIGHT})):
+        assert r.status_code == 403 and "access-control-allow-origin" not in r.headers
+        assert "OLLAMA_ORIGINS" in r.json()["error"]
+
+
+def test_refused_simple_requests_do_nothing(server):
+    """A page may POST text/plain cross-origin with no preflight; the server must refuse it before
+    it acts. The same requests from an allowed origin do act, so the check below can fail."""
+    copy = json.dumps({"source": STORIES_PATH, "destination": "stolen:latest"})
+    load = json.dumps({"model": str(TINYSTORIES), "keep_alive": "5m"})
+    evil = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+    assert httpx.post(server.url + "/api/copy", headers=evil, content=copy).status_code == 403
+    assert httpx.post(server.url + "/api/generate", headers=evil, content=load, timeout=60).status_code == 403
+    assert "stolen:latest" not in _names(server.url)
+    assert str(TINYSTORIES) not in [m["name"] for m in httpx.get(server.url + "/api/ps").json()["models"]]
+
+    local = {"Origin": "http://localhost:5173", "Content-Type": "text/plain"}
+    r = httpx.post(server.url + "/api/copy", headers=local, content=copy)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:5173"
+    assert "stolen:latest" in _names(server.url)
+    httpx.request("DELETE", server.url + "/api/delete", json={"model": "stolen:latest"})
+
+
+@pytest.mark.parametrize("origin, allowed", [
+    ("chrome-extension://abcdef", True), ("http://example.com:8080", True), ("http://example.com", False),
+    ("https://exact.example", True), ("https://exact.example.evil", False),
+    ("http://localhost:5173", True), ("http://evil.example", False),
+])
+def test_ollama_origins_adds_to_the_defaults(lan_server, origin, allowed):
+    r = httpx.get(lan_server.url + "/api/version", headers={"Origin": origin})
+    assert r.status_code == (200 if allowed else 403)
+    assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+
+
+def test_same_origin_requests_are_not_cross_origin(lan_server):
+    r = httpx.get(lan_server.url + "/api/version",
+                  headers={"Host": "box.lan:1234", "Origin": "http://box.lan:1234"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_origin_rules_table(caplog):
+    assert config.parse_origins("a.example, http://x.example, http://*.y.example:*, , HTTP://Z.example,*") == (
+        "http://x.example", "http://z.example", "*")
+    assert "a.example" in caplog.text and "only one *" in caplog.text
+    every = Origins.of(("*",))
+    assert every.allows("http://anything.example") and every.allows("null")
+    assert every.response_headers("http://a.example", False) == [(b"access-control-allow-origin", b"*")]
+    some = Origins.of(("https://*.example.org",))
+    assert some.allows("https://docs.example.org") and not some.allows("https://example.org.evil")
 
 
 # ----------------------------------------------------------------------------- OpenAI errors

@@ -5,8 +5,8 @@ Errors: every error body has the shape of its API (``http.error_body``: OpenAI's
 (:class:`~runner.api.PollamaError`), FastAPI's validation errors become 400, unknown routes 404,
 wrong methods 405, and anything unexpected 500 (logged with its traceback).
 
-Layers, outermost first: the access log (``http.ServerMiddleware``), the JSON request boundary
-(``http.JsonBodyMiddleware``), then the routes.
+Layers, outermost first: the access log (``http.ServerMiddleware``), the Origin and Host rules
+(``middleware``), the JSON request boundary (``http.JsonBodyMiddleware``), then the routes.
 
 Shutdown (SIGINT/SIGTERM): the listener closes, running streams are cancelled (their sequences
 end at the next batch and the client gets an error line), then every model unloads.
@@ -31,6 +31,7 @@ from runner.api import PollamaError
 
 from . import ollama_api, openai_api
 from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
+from .middleware import GuardMiddleware, Hosts, Origins
 from .scheduler import Scheduler
 from .service import Service
 
@@ -91,6 +92,7 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
     app.include_router(ollama_api.router)
     app.include_router(openai_api.router)
     app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(GuardMiddleware, origins=Origins.of(cfg.origins), hosts=Hosts.of(cfg.host))
     app.add_middleware(ServerMiddleware)  # the last added is the outermost
     return app
 
