@@ -199,6 +199,15 @@ def test_origin_rules_table(caplog):
     assert some.allows("https://docs.example.org") and not some.allows("https://example.org.evil")
 
 
+# ------------------------------------------------------------------------------------- docs
+def test_docs_are_off(server):
+    for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+        assert httpx.get(server.url + path).status_code == 404, path
+    from runner.server.app import create_app
+
+    assert "/api/generate" in create_app().openapi()["paths"]  # what the fuzz test reads
+
+
 # ----------------------------------------------------------------------------- OpenAI errors
 def test_openai_errors_show_their_reason(oai, server):
     cases = [

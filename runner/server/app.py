@@ -6,7 +6,8 @@ Errors: every error body has the shape of its API (``http.error_body``: OpenAI's
 wrong methods 405, and anything unexpected 500 (logged with its traceback).
 
 Layers, outermost first: the access log (``http.ServerMiddleware``), the Origin and Host rules
-(``middleware``), the JSON request boundary (``http.JsonBodyMiddleware``), then the routes.
+(``middleware``), the JSON request boundary (``http.JsonBodyMiddleware``), then the routes. No
+``/docs``, ``/redoc`` or ``/openapi.json``: ``create_app().openapi()`` builds the schema in-process.
 
 Shutdown (SIGINT/SIGTERM): the listener closes, running streams are cancelled (their sequences
 end at the next batch and the client gets an error line), then every model unloads.
@@ -72,7 +73,8 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
         await scheduler.close()
 
     app = FastAPI(title="pollama", version=ollama_api.version(), lifespan=lifespan,
-                  description="Ollama- and OpenAI-compatible API over pollama's in-process runner")
+                  description="Ollama- and OpenAI-compatible API over pollama's in-process runner",
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler
     app.state.service = Service(scheduler)
 
