@@ -7,6 +7,7 @@ needed, and the official ``openai`` client is the witness for the /v1 errors.
 from __future__ import annotations
 
 import json
+import selectors
 import signal
 import socket
 import time
@@ -32,7 +33,7 @@ def _stop(proc: ServerProcess) -> None:
 
 @pytest.fixture(scope="module")
 def server():
-    """Bound to 127.0.0.1, as by default."""
+    """Bound to 127.0.0.1, as by default: the Host check applies."""
     proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048"}).start()
     yield proc
     _stop(proc)
@@ -206,6 +207,76 @@ def test_docs_are_off(server):
     from runner.server.app import create_app
 
     assert "/api/generate" in create_app().openapi()["paths"]  # what the fuzz test reads
+
+
+# -------------------------------------------------------------------------------- timeouts
+def test_idle_and_half_sent_connections_are_closed(server):
+    """300 connections that send nothing or stop halfway, a few that trickle their headers a byte
+    a second, and kept-alive ones that begin a second request: the server keeps answering, and
+    closes every one of them once its deadline passes."""
+    from runner.server.protocol import BODY_IDLE_TIMEOUT, HEAD_TIMEOUT
+
+    starts = [
+        b"",
+        b"POST /api/gen",
+        b"POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Ty",
+        b'POST /api/generate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n{"model": ',
+    ]
+    t0 = time.monotonic()
+    socks = []
+    for i in range(300):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(starts[i % len(starts)])
+        socks.append(sock)
+    trickling = []
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"GET /api/version HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+        trickling.append(sock)
+    for _ in range(5):  # kept alive after one request, then half of the next
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"GET /api/version HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"}"):
+            reply += sock.recv(65536)
+        sock.sendall(b"GET /api/ver")
+        socks.append(sock)
+    socks += trickling
+
+    for _ in range(3):  # the server answers others meanwhile
+        t = time.monotonic()
+        assert httpx.get(server.url + "/api/version", timeout=5).status_code == 200
+        assert time.monotonic() - t < 2
+
+    limit = max(HEAD_TIMEOUT, BODY_IDLE_TIMEOUT)
+    closed: dict[socket.socket, float] = {}
+    sel = selectors.DefaultSelector()
+    for sock in socks:
+        sel.register(sock, selectors.EVENT_READ)
+    last_trickle = time.monotonic()
+    while len(closed) < len(socks) and time.monotonic() < t0 + limit + 8:
+        for key, _ in sel.select(timeout=0.2):
+            try:
+                data = key.fileobj.recv(65536)
+            except ConnectionError:
+                data = b""
+            if not data:
+                closed[key.fileobj] = time.monotonic() - t0
+                sel.unregister(key.fileobj)
+        if time.monotonic() - last_trickle >= 1:
+            last_trickle = time.monotonic()
+            for sock in trickling:
+                if sock not in closed:
+                    try:
+                        sock.sendall(b"a")
+                    except OSError:
+                        pass
+    for sock in socks:
+        sock.close()
+    assert len(closed) == len(socks), f"{len(socks) - len(closed)} of {len(socks)} still open after {limit + 8:.0f}s"
+    assert min(closed.values()) >= min(HEAD_TIMEOUT, BODY_IDLE_TIMEOUT) - 1  # closed by the deadline
+    assert all(closed[s] < HEAD_TIMEOUT + 5 for s in trickling)  # trickling did not extend it
+    assert httpx.get(server.url + "/api/version", timeout=5).status_code == 200
 
 
 # ----------------------------------------------------------------------------- OpenAI errors

@@ -6,8 +6,9 @@ Errors: every error body has the shape of its API (``http.error_body``: OpenAI's
 wrong methods 405, and anything unexpected 500 (logged with its traceback).
 
 Layers, outermost first: the access log (``http.ServerMiddleware``), the Origin and Host rules
-(``middleware``), the JSON request boundary (``http.JsonBodyMiddleware``), then the routes. No
-``/docs``, ``/redoc`` or ``/openapi.json``: ``create_app().openapi()`` builds the schema in-process.
+(``middleware``), the JSON request boundary (``http.JsonBodyMiddleware``), then the routes. The
+connection itself is ``protocol.Protocol`` (deadlines for half-sent requests). No ``/docs``,
+``/redoc`` or ``/openapi.json``: ``create_app().openapi()`` builds the schema in-process.
 
 Shutdown (SIGINT/SIGTERM): the listener closes, running streams are cancelled (their sequences
 end at the next batch and the client gets an error line), then every model unloads.
@@ -33,6 +34,7 @@ from runner.api import PollamaError
 from . import ollama_api, openai_api
 from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
 from .middleware import GuardMiddleware, Hosts, Origins
+from .protocol import Protocol
 from .scheduler import Scheduler
 from .service import Service
 
@@ -144,7 +146,7 @@ def serve(cfg: _config.Config | None = None) -> None:
     sock = bind(cfg)
     scheduler = Scheduler(cfg)
     app = create_app(cfg, scheduler)
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", http=Protocol,
                             timeout_graceful_shutdown=10, timeout_keep_alive=5)
     server = _Server(config, scheduler)
     log.info("Listening on %s:%d (version %s)", cfg.host, cfg.port, ollama_api.version())
