@@ -29,6 +29,7 @@ Environment variables:
   OLLAMA_MAX_LOADED_MODELS  Maximum number of loaded models (default 3)
   OLLAMA_MAX_QUEUE          Maximum number of queued requests (default 512)
   OLLAMA_NUM_PARALLEL       Maximum number of parallel requests per model (default 1)
+  OLLAMA_ORIGINS            A comma separated list of allowed origins
   OLLAMA_NEW_ENGINE         Run supported models on the new engine
   OLLAMA_FLASH_ATTENTION    Enable flash attention
   OLLAMA_KV_CACHE_TYPE      Quantization type for the K/V cache (default f16)

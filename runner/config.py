@@ -35,6 +35,7 @@ class Config:
     debug: int  # 0 info, 1 debug, 2 trace
     nohistory: bool
     new_engine: bool
+    origins: tuple[str, ...] = ()  # OLLAMA_ORIGINS, added to the default allowed origins
 
     @property
     def base_url(self) -> str:
@@ -127,6 +128,34 @@ def parse_host(raw: str) -> tuple[str, int]:
     return host, port
 
 
+# The schemes an OLLAMA_ORIGINS entry without a "*" must start with (gin-contrib/cors with
+# Ollama's settings: the web schemes plus the browser extensions').
+ORIGIN_SCHEMES = ("http://", "https://", "chrome-extension://", "safari-extension://", "moz-extension://",
+                  "ms-browser-extension://")
+
+
+def parse_origins(raw: str) -> tuple[str, ...]:
+    """OLLAMA_ORIGINS: comma-separated origins, each exact (``https://example.com``) or with one
+    ``*`` standing for any text (``*``, ``chrome-extension://*``, ``http://example.com:*``).
+
+    Entries are trimmed and lowercased. An entry Ollama refuses (its server panics at start) is
+    skipped with a warning: more than one ``*``, or no ``*`` and none of :data:`ORIGIN_SCHEMES`.
+    """
+    out: list[str] = []
+    for entry in raw.split(","):
+        origin = entry.strip().lower()
+        if not origin:
+            continue
+        if origin.count("*") > 1:
+            log.warning("OLLAMA_ORIGINS: ignoring %r: only one * is allowed", origin)
+        elif "*" not in origin and not origin.startswith(ORIGIN_SCHEMES):
+            log.warning("OLLAMA_ORIGINS: ignoring %r: an origin must contain * or start with %s",
+                        origin, ", ".join(ORIGIN_SCHEMES))
+        elif origin not in out:
+            out.append(origin)
+    return tuple(out)
+
+
 def load(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     host, port = parse_host(_clean(env, "OLLAMA_HOST"))
@@ -158,4 +187,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         debug=debug,
         nohistory=parse_bool(_clean(env, "OLLAMA_NOHISTORY")),
         new_engine=parse_bool(_clean(env, "OLLAMA_NEW_ENGINE")),
+        origins=parse_origins(_clean(env, "OLLAMA_ORIGINS")),
     )

@@ -73,8 +73,12 @@ def test_no_server_errors(operation, mode, fuzz_server):
         response = case.call(base_url=fuzz_server.url, timeout=60)
         assert response.status_code < 500, (case.method, case.path, case.body, response.text)
         if response.status_code >= 400 and response.text:
-            body = response.json()
-            assert isinstance(body, dict) and isinstance(body.get("error"), str), response.text
+            error = response.json().get("error")
+            if case.path.startswith("/v1/"):  # OpenAI's shape
+                assert isinstance(error, dict) and isinstance(error.get("message"), str), response.text
+                assert set(error) == {"message", "type", "param", "code"}, response.text
+            else:
+                assert isinstance(error, str), response.text
 
     check()
 

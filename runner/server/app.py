@@ -1,8 +1,14 @@
 """The FastAPI app and the uvicorn server around it (``pollama serve``).
 
-Errors: every error body is ``{"error": "..."}``: runner errors carry their status
+Errors: every error body has the shape of its API (``http.error_body``: OpenAI's under ``/v1/``,
+``{"error": "..."}`` elsewhere): runner errors carry their status
 (:class:`~runner.api.PollamaError`), FastAPI's validation errors become 400, unknown routes 404,
 wrong methods 405, and anything unexpected 500 (logged with its traceback).
+
+Layers, outermost first: the access log (``http.ServerMiddleware``), the Origin and Host rules
+(``middleware``), the JSON request boundary (``http.JsonBodyMiddleware``), then the routes. The
+connection itself is ``protocol.Protocol`` (deadlines for half-sent requests). No ``/docs``,
+``/redoc`` or ``/openapi.json``: ``create_app().openapi()`` builds the schema in-process.
 
 Shutdown (SIGINT/SIGTERM): the listener closes, running streams are cancelled (their sequences
 end at the next batch and the client gets an error line), then every model unloads.
@@ -26,15 +32,18 @@ from runner import config as _config
 from runner.api import PollamaError
 
 from . import ollama_api, openai_api
-from .http import JSON, ServerMiddleware, error_body, status_of
+from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
+from .middleware import GuardMiddleware, Hosts, Origins
+from .protocol import Protocol
 from .scheduler import Scheduler
 from .service import Service
 
 log = logging.getLogger("runner.server")
 
 
-def _error(status: int, message: str) -> Response:
-    return Response(error_body(message), status_code=status, media_type=JSON)
+def _error(request: Request, status: int, message: str) -> Response:
+    return Response(error_body(message, status=status, path=request.url.path), status_code=status,
+                    media_type=JSON)
 
 
 def _validation_message(err: RequestValidationError) -> str:
@@ -66,26 +75,29 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
         await scheduler.close()
 
     app = FastAPI(title="pollama", version=ollama_api.version(), lifespan=lifespan,
-                  description="Ollama- and OpenAI-compatible API over pollama's in-process runner")
+                  description="Ollama- and OpenAI-compatible API over pollama's in-process runner",
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler
     app.state.service = Service(scheduler)
 
     @app.exception_handler(PollamaError)
-    async def pollama_error(_: Request, err: PollamaError) -> Response:
-        return _error(status_of(err), str(err))
+    async def pollama_error(request: Request, err: PollamaError) -> Response:
+        return _error(request, status_of(err), str(err))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, err: RequestValidationError) -> Response:
-        return _error(400, _validation_message(err))
+    async def validation_error(request: Request, err: RequestValidationError) -> Response:
+        return _error(request, 400, _validation_message(err))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> Response:
+    async def http_error(request: Request, err: StarletteHTTPException) -> Response:
         message = {404: "404 page not found", 405: "405 method not allowed"}.get(err.status_code, str(err.detail))
-        return _error(err.status_code, message)
+        return _error(request, err.status_code, message)
 
     app.include_router(ollama_api.router)
     app.include_router(openai_api.router)
-    app.add_middleware(ServerMiddleware)
+    app.add_middleware(JsonBodyMiddleware)
+    app.add_middleware(GuardMiddleware, origins=Origins.of(cfg.origins), hosts=Hosts.of(cfg.host))
+    app.add_middleware(ServerMiddleware)  # the last added is the outermost
     return app
 
 
@@ -134,7 +146,7 @@ def serve(cfg: _config.Config | None = None) -> None:
     sock = bind(cfg)
     scheduler = Scheduler(cfg)
     app = create_app(cfg, scheduler)
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", http=Protocol,
                             timeout_graceful_shutdown=10, timeout_keep_alive=5)
     server = _Server(config, scheduler)
     log.info("Listening on %s:%d (version %s)", cfg.host, cfg.port, ollama_api.version())

@@ -1,14 +1,18 @@
-"""HTTP plumbing shared by both APIs: the cancellable streaming response, error bodies, access log.
+"""HTTP plumbing shared by the APIs: error bodies, the cancellable streaming response, the request
+boundary (JSON bodies, access log, last-resort 500).
 
-Every error body is ``{"error": "..."}``. A response produced by a :class:`RunnerResponse` decides
-its status from its first piece: an error raised before any output becomes that error's status
-and body; an error after the headers went out is the producer's to report in-band.
+Error bodies take the shape of the API a path belongs to (:func:`error_body`): OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` under ``/v1/``, Ollama's ``{"error": "..."}``
+elsewhere. A response produced by a :class:`RunnerResponse` decides its status from its first
+piece: an error raised before any output becomes that error's status and body; an error after the
+headers went out is the producer's to report in-band.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from datetime import datetime, timezone
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -39,7 +43,16 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
-def error_body(message: str) -> bytes:
+def openai_error(status: int, message: str) -> dict[str, Any]:
+    """OpenAI's error object; ``type`` as Ollama's openai.NewError chooses it from the status."""
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def error_body(message: str, *, status: int = 500, path: str = "/api/") -> bytes:
+    """The error body for a request to ``path``: OpenAI's shape on ``/v1/*``, else Ollama's."""
+    if path == "/v1" or path.startswith("/v1/"):
+        return dumps(openai_error(status, message))
     return dumps({"error": message})
 
 
@@ -59,7 +72,7 @@ class RunnerResponse(Response):
     While the body is produced, the client's connection is watched: when it goes away, ``on_close``
     runs (it cancels the runner's sequence, which frees the slot) and the producer is cancelled, so
     its ``finally`` blocks release what it holds. A :class:`PollamaError` raised before the first
-    piece becomes an HTTP error with ``{"error": ...}``.
+    piece becomes an HTTP error with the path's :func:`error_body`.
     """
 
     def __init__(self, body: Callable[[], AsyncIterator[bytes]], media_type: str,
@@ -87,13 +100,13 @@ class RunnerResponse(Response):
 
             group.start_soon(watch)
             try:
-                await self._produce(send)
+                await self._produce(send, scope.get("path", ""))
             finally:
                 group.cancel_scope.cancel()
         if self.background is not None and not self.disconnected:
             await self.background()
 
-    async def _produce(self, send: Send) -> None:
+    async def _produce(self, send: Send, path: str) -> None:
         started = False
         pieces = self.produce()
         try:
@@ -109,21 +122,22 @@ class RunnerResponse(Response):
             if started:
                 log.warning("stream ended with an error: %s", err)
             else:
-                await send_json(send, status_of(err), error_body(str(err)))
+                status = status_of(err)
+                await send_json(send, status, error_body(str(err), status=status, path=path))
                 return
         except (anyio.get_cancelled_exc_class(), OSError):
             raise
         except Exception as err:  # a bug: log it, answer 500, keep serving
             log.exception("request failed")
             if not started:
-                await send_json(send, 500, error_body(f"internal error: {err}"))
+                await send_json(send, 500, error_body(f"internal error: {err}", path=path))
                 return
         finally:
             await _aclose(pieces)
         if started:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
-            await send_json(send, 500, error_body("no response produced"))
+            await send_json(send, 500, error_body("no response produced", path=path))
 
 
 async def _aclose(gen: AsyncIterator[bytes]) -> None:
@@ -134,12 +148,8 @@ async def _aclose(gen: AsyncIterator[bytes]) -> None:
 
 
 class ServerMiddleware:
-    """Outermost layer: one log line per request, JSON bodies for non-JSON content types, and a
-    500 ``{"error": ...}`` for anything that escaped the handlers.
-
-    ``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; Ollama reads the body as JSON
-    whatever the header says, so the API paths get ``application/json``.
-    """
+    """Outermost layer: one log line per request, and a 500 in the path's error shape for anything
+    that escaped the handlers."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -149,10 +159,6 @@ class ServerMiddleware:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        if scope.get("method") in ("POST", "DELETE", "PUT") and path.startswith(("/api/", "/v1/")):
-            headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
-            headers.append((b"content-type", b"application/json"))
-            scope = dict(scope, headers=headers)
         t0 = time.perf_counter()
         status = 0
 
@@ -169,7 +175,7 @@ class ServerMiddleware:
             if not status:
                 status = 500
                 try:
-                    await send_json(send, 500, error_body(f"internal error: {err}"))
+                    await send_json(send, 500, error_body(f"internal error: {err}", path=path))
                 except Exception:
                     pass
         finally:
@@ -177,6 +183,80 @@ class ServerMiddleware:
             client = scope.get("client") or ("-", 0)
             log.info('| %3d | %12s | %15s | %-7s "%s"', status, _elapsed(elapsed), client[0],
                      scope.get("method", "?"), path)
+
+
+# An escaped UTF-16 surrogate (\ud800-\udfff) or its raw UTF-8 form (which Python's json
+# decodes with "surrogatepass"): only bodies with one of these need the full check.
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def lone_surrogate(body: bytes) -> bool:
+    """Whether a JSON body holds a string (value or key) with a lone UTF-16 surrogate: valid JSON,
+    but not Unicode, so no text encoder downstream can take it."""
+    if not _SURROGATE_HINT.search(body):
+        return False
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False  # not JSON: the handler reports that
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+class JsonBodyMiddleware:
+    """The request boundary for the API's JSON bodies (POST, PUT, PATCH, DELETE under ``/api/`` and
+    ``/v1/``): the body is read whole before any handler runs, and
+
+    - it is JSON whatever the content type says: ``curl -d '{...}'`` sends
+      ``application/x-www-form-urlencoded`` and Ollama reads the body as JSON anyway;
+    - a string with a lone UTF-16 surrogate (``"\\ud800"``) is refused with 400 here, once, instead
+      of failing wherever the text is first encoded;
+    - a client that goes away before its body is complete gets no handler run at all.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if (scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH", "DELETE")
+                or not path.startswith(("/api/", "/v1/"))):
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return
+        if lone_surrogate(body):
+            message = "invalid request: a string in the body holds a lone UTF-16 surrogate (\\ud800-\\udfff)"
+            await send_json(send, 400, error_body(message, status=400, path=path))
+            return
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-type"]
+        headers.append((b"content-type", b"application/json"))
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(dict(scope, headers=headers), replay, send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client disconnected first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _elapsed(seconds: float) -> str:

@@ -4,6 +4,9 @@ Requests map onto the native options as Ollama's middleware does (reference §5.
 ``max_tokens``→``num_predict``, ``temperature`` and ``top_p`` default to 1.0, ``seed``, ``stop``
 (a string or a list), the penalties, and ``response_format`` (``json_object``→"json",
 ``json_schema``→its schema). Streams are SSE ``data: {chunk}`` lines ending ``data: [DONE]``.
+Errors have OpenAI's shape (``http.openai_error``), in the body or, once a stream has begun, as
+its last ``data:`` event. ``max_tokens``/``max_completion_tokens`` must be at least 1, and ``n``
+1 (one choice per request).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
-from .http import JSON, SSE, RunnerResponse, dumps
+from .http import JSON, SSE, RunnerResponse, dumps, openai_error, status_of
 from .ollama_api import normalize_dims, service
 from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
@@ -69,6 +72,7 @@ class _Sampling(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
+    n: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -103,6 +107,15 @@ class EmbeddingBody(_Body):
 
 
 # ---------------------------------------------------------------------------------- mapping
+def check_counts(body: _Sampling, **token_limits: int | None) -> None:
+    """OpenAI's lower bound on the token limits, and one choice per request (``n`` absent or 1)."""
+    for name, value in token_limits.items():
+        if value is not None and value < 1:
+            raise InvalidRequest(f"invalid {name} {value}: it must be at least 1")
+    if body.n is not None and body.n != 1:
+        raise InvalidRequest(f"invalid n {body.n}: pollama returns one choice per request, so n must be 1")
+
+
 def sampling_options(body: _Sampling, max_tokens: int | None) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if max_tokens is not None:
@@ -217,7 +230,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
         except Exception as err:
             if not started:
                 raise
-            yield sse({"error": str(err)})
+            yield sse(openai_error(status_of(err), str(err)))
         finally:
             await chunks.aclose()
 
@@ -243,6 +256,7 @@ async def chat_completions(body: ChatCompletionBody, svc: Service = Depends(serv
         raise InvalidRequest(f'"{body.model}" does not support tools')
     keep_alive = parse_keep_alive(body.keep_alive)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    check_counts(body, max_tokens=body.max_tokens, max_completion_tokens=body.max_completion_tokens)
     top = body.top_logprobs or 0
     request = Request(
         messages=[Message("system" if m.role == "developer" else m.role, message_text(m)) for m in body.messages],
@@ -269,6 +283,7 @@ async def completions(body: CompletionBody, svc: Service = Depends(service)) -> 
     if body.suffix:
         raise InvalidRequest(f'"{body.model}" does not support insert')
     keep_alive = parse_keep_alive(body.keep_alive)
+    check_counts(body, max_tokens=body.max_tokens)
     request = Request(prompt=prompt)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return _openai_response(svc, model=body.model, request=request, options=sampling_options(body, body.max_tokens),
