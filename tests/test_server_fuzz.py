@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from conftest import STORIES
 from serverproc import ServerProcess
+from test_store_safety import canary_tree, snapshot_outside
 
 STORIES_PATH = str(STORIES)
 GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions"}
@@ -24,6 +25,10 @@ GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/complet
 def fuzz_server():
     proc = ServerProcess({"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_CONTEXT_LENGTH": "256",
                           "OLLAMA_MAX_LOADED_MODELS": "2"}).start()
+    # files beside the store that a name escaping it would hit (see test_store_safety)
+    home = proc.models.parent
+    proc.canaries = canary_tree(home)
+    proc.outside = snapshot_outside(home, proc.models, ignore=(proc.log_path.name,))
     yield proc
     code = proc.stop()
     assert code == 0, proc.last_log
@@ -51,7 +56,8 @@ def tame(path: str, body: object) -> None:
     """Point generation at the tiny model and keep generations short (in place)."""
     if not isinstance(body, dict):
         return
-    if path != "/api/copy" and "model" in body or path in GENERATING or path.startswith(("/api/embed", "/v1/embed")):
+    # store operations (copy, delete, show) keep their generated names: the canaries watch them
+    if path in GENERATING or path.startswith(("/api/embed", "/v1/embed")):
         body["model"] = STORIES_PATH
     if path in ("/api/generate", "/api/chat"):
         options = body.get("options")
@@ -81,6 +87,13 @@ def test_no_server_errors(operation, mode, fuzz_server):
                 assert isinstance(error, str), response.text
 
     check()
+
+
+def test_no_fuzzed_name_reached_outside_the_store(fuzz_server):
+    home = fuzz_server.models.parent
+    assert snapshot_outside(home, fuzz_server.models, ignore=(fuzz_server.log_path.name,)) == fuzz_server.outside
+    for path, data in fuzz_server.canaries.items():
+        assert path.read_bytes() == data
 
 
 def test_server_still_answers_after_the_fuzz(fuzz_server):
