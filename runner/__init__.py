@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from . import config as _config
-from . import ggufmeta, store
+from . import ggufcheck, ggufmeta, store
 from .api import (
     Chunk,
     DoneReason,
@@ -47,8 +47,10 @@ _FILE_TYPES = {
 
 
 def model_info(stored: store.StoredModel) -> ModelInfo:
-    """Read what a GGUF says about itself (fast: arrays are skipped). Raises InvalidModel."""
+    """Read what a GGUF says about itself (fast: arrays are skipped) and check that the engines can
+    load it (``runner.ggufcheck``). Raises InvalidModel with one line."""
     header = ggufmeta.read_gguf_header(stored.path)
+    ggufcheck.check_model(header, stored.path)
     return ModelInfo(
         name=stored.name,
         path=str(stored.path),
