@@ -122,6 +122,25 @@ def has_weights(f: Facts) -> str | None:
     return None
 
 
+# GGML types that no kernel multiplies or gathers (their mul_mat/get_rows crash the process):
+# the 8-bit activation types and plain integers.
+NOT_WEIGHT_TYPES = ("q8_1", "q8_K", "i8", "i16", "i32", "i64", "f64")
+_ELEMENTWISE = re.compile(r"(norm\.weight|\.bias)$")
+
+
+@rule
+def weight_types(f: Facts) -> str | None:
+    """GGML crashes (SIGSEGV or GGML_ASSERT) when a weight has a type it cannot multiply or
+    gather (integers, f64, the 8-bit activation types), and when a norm weight or a bias, which
+    are added or multiplied element by element, is anything but F32."""
+    for t in f.tensors.values():
+        if t.type_name in NOT_WEIGHT_TYPES:
+            return f"tensor {t.name!r} has type {t.type_name}, which GGML cannot compute with"
+        if _ELEMENTWISE.search(t.name) and t.type_name != "f32":
+            return f"tensor {t.name!r} has type {t.type_name}; norm weights and biases must be f32"
+    return None
+
+
 @rule
 def architecture(f: Facts) -> str | None:
     """Both engines pick their model code by ``general.architecture``."""
