@@ -15,14 +15,13 @@ None; its docstring says why the rule exists. Rules that are specific to an arch
 from __future__ import annotations
 
 import math
-import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .api import InvalidModel
-from .ggufmeta import GGUFHeader, read_key_values
+from .ggufmeta import GGUFHeader, read_array
 
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
 MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS
@@ -62,7 +61,7 @@ class Facts:
 
     def array(self, key: str) -> list:
         if key not in self._arrays:
-            self._arrays[key] = _read_array(self.path, key)
+            self._arrays[key] = read_array(self.path, key) or []
         return self._arrays[key]
 
     def per_layer(self, suffix: str, default: int) -> list[int]:
@@ -104,11 +103,6 @@ def rule(fn: Rule) -> Rule:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _read_array(path: Path, key: str, errors: str | None = "replace") -> list:
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        return read_key_values(buf, keep=lambda k, is_array: k == key, errors=errors).values[key]
 
 
 # ---------------------------------------------------------------------------------------- rules
@@ -384,7 +378,7 @@ def unique_tokens(f: Facts) -> str | None:
     as "[EMPTY_<id>]", as llama.cpp names it)."""
     if "tokenizer.ggml.tokens" not in f.header.array_lengths:
         return None
-    tokens = _read_array(f.path, "tokenizer.ggml.tokens", errors=None)  # raw bytes, as llama.cpp compares
+    tokens = read_array(f.path, "tokenizer.ggml.tokens", errors=None) or []  # raw bytes, as llama.cpp compares
     if len(set(tokens)) == len(tokens) and b"" not in tokens:
         return None
     seen: set[bytes] = set()

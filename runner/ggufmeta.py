@@ -101,6 +101,12 @@ def read_key_values(buf: Any, keep: Callable[[str, bool], bool], errors: str | N
     return KeyValues(version, tensor_count, values, arrays, off, types)
 
 
+def read_array(path: str | os.PathLike, key: str, errors: str | None = "replace") -> list | None:
+    """The array ``key`` of the GGUF at ``path`` (None when absent); see :func:`read_key_values`."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        return read_key_values(buf, keep=lambda k, is_array: k == key and is_array, errors=errors).values.get(key)
+
+
 class _Walker:
     def __init__(self, buf: Any, errors: str | None) -> None:
         self.buf, self.errors, self.size = buf, errors, len(buf)

@@ -126,7 +126,7 @@ class LlamaRunner(BatchRunner):
         num_batch: int,
         num_thread: int,
         multi_user: bool,
-        flash_attention: bool | None,
+        flash_attention: bool,
         kv_cache_type: str,
         use_mmap: bool,
     ) -> None:
@@ -151,17 +151,9 @@ class LlamaRunner(BatchRunner):
         cparams.embeddings = False
         cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
         cparams.no_perf = True
-        cparams.flash_attn_type = {
-            None: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-            True: L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            False: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[flash_attention]
-        kv_types = {"f16": 1, "q8_0": 8, "q4_0": 2}
-        kv_type = kv_types.get(kv_cache_type, 1)
-        if kv_type != 1 and not flash_attention:
-            log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention; using f16", kv_cache_type)
-            kv_type = 1
-        cparams.type_k = cparams.type_v = kv_type
+        # flash attention and the KV cache type as runner.loadplan resolved them
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[kv_cache_type]
         with _capture_llama_log() as captured:
             self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:

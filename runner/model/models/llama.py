@@ -223,3 +223,7 @@ class Llama(Model):
 
     def shift(self, ctx: GraphContext, layer: int, key: Tensor, delta: Tensor) -> Tensor:
         return self.rope(key, delta)
+
+    def kv_layout(self) -> list[tuple[int, int, int]]:
+        c = self.config
+        return [(c.head_dim, c.head_dim, c.n_head_kv)] * c.n_layer
