@@ -13,7 +13,7 @@ import pytest
 
 import runner
 from runner import config, ggufmeta, store
-from tests.conftest import STORIES
+from tests.conftest import STORIES, TINYSTORIES
 from tests.malformed_gguf import generate
 from tests.serverproc import ServerProcess
 from tests.test_cli import cli_env
@@ -126,3 +126,16 @@ def test_server_answers_400_to_every_case_and_keeps_serving(server, cases):
         r = http.post("/api/generate", json={"model": str(STORIES), "prompt": "Once", "stream": False,
                                               "options": {"num_predict": 3, "temperature": 0}})
         assert r.status_code == 200 and r.json()["done"], r.text
+
+
+def test_server_refuses_text_an_spm_vocabulary_cannot_spell(server):
+    """TinyStories-656K's vocabulary lacks 179 of the 256 byte tokens: llama.cpp aborted the whole
+    server (std::out_of_range in byte_to_token) on a prompt with "é"; both engines answer 400."""
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        for prompt in ("héllo", "smile 🙂"):
+            r = http.post("/api/generate", json={"model": str(TINYSTORIES), "prompt": prompt, "stream": False,
+                                                  "options": {"num_predict": 2}})
+            assert r.status_code == 400 and "the vocabulary has no token for byte" in r.json()["error"], r.text
+        r = http.post("/api/generate", json={"model": str(TINYSTORIES), "prompt": "Once upon a time", "stream": False,
+                                              "options": {"num_predict": 2}})
+        assert r.status_code == 200, r.text

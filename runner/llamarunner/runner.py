@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import llama_cpp as L
 import numpy as np
 
+from .. import ggufmeta
 from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
@@ -73,6 +74,32 @@ def _load_failure_reason(lines: list[str]) -> str:
         if "unknown model architecture" in lowered or "error loading model" in lowered:
             return line.split(": ", 1)[-1] if "error loading model" in lowered else line
     return lines[-1] if lines else "unknown error"
+
+
+class _SpmBytes:
+    """The characters an SPM vocabulary cannot spell. llama.cpp spells a character that is not a
+    token with its byte tokens (``<0xC3>``), and throws ``std::out_of_range`` (which aborts the
+    process) when one is missing: TinyStories-656K lacks 179 of them. Such text is refused first."""
+
+    def __init__(self, tokens: set[bytes], missing: set[int]) -> None:
+        self.tokens, self.missing = tokens, missing
+
+    def check(self, text: str) -> None:
+        for ch in set(text.replace(" ", "\u2581")):
+            raw = ch.encode("utf-8", "surrogatepass")
+            if raw not in self.tokens:
+                for byte in raw:
+                    if byte in self.missing:
+                        raise InvalidRequest(f"cannot tokenize {ch!r}: the vocabulary has no token for byte 0x{byte:02X}")
+
+
+def _spm_missing_bytes(info: ModelInfo) -> _SpmBytes | None:
+    """For an SPM vocabulary (``tokenizer.ggml.model`` "llama") without a token for every byte."""
+    if info.metadata.get("tokenizer.ggml.model") != "llama":
+        return None
+    tokens = set(ggufmeta.read_array(info.path, "tokenizer.ggml.tokens", errors=None) or [])
+    missing = {b for b in range(256) if f"<0x{b:02X}>".encode() not in tokens and bytes([b]) not in tokens}
+    return _SpmBytes(tokens, missing) if missing else None
 
 
 class _Batch:
@@ -167,6 +194,7 @@ class LlamaRunner(BatchRunner):
         self.cache = InputCache(self._kv, num_ctx * num_parallel, num_parallel, multi_user)
         self._pieces: dict[int, bytes] = {}
         self._n_embd = L.llama_model_n_embd(self._model)
+        self._unencodable = _spm_missing_bytes(info)
         self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         bos, eos = L.llama_vocab_bos(self._vocab), L.llama_vocab_eos(self._vocab)
         self._special = (self._token_text(bos), self._token_text(eos))
@@ -188,6 +216,8 @@ class LlamaRunner(BatchRunner):
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         self._check_open()
+        if self._unencodable is not None:
+            self._unencodable.check(text)
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (L.llama_token * capacity)()
