@@ -103,7 +103,7 @@ def run(
     user_options = _parse_options(option)
     try:
         defaults = store.model_defaults(store.resolve(model, cfg))
-        options = Options().merged(defaults.params).merged(user_options)
+        options = runner.checked_options(Options().merged(defaults.params).merged(user_options))
     except PollamaError as err:
         raise _fail(str(err))
     prompts = list(words)

@@ -7,12 +7,12 @@ gets one notice line (logged as a warning) and the old engine.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from pathlib import Path
 
 from . import config as _config
-from . import ggufmeta, store
+from . import ggufcheck, ggufmeta, loadplan, store
 from .api import (
     Chunk,
     DoneReason,
@@ -30,11 +30,12 @@ from .api import (
     Runner,
     ServerBusy,
 )
+from .loadplan import checked_options, resolve_load_options
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "Message", "Metrics",
     "ModelInfo", "ModelNotFound", "Options", "PollamaError", "PromptTooLong", "Request", "Runner",
-    "ServerBusy", "load", "model_info", "resolve_load_options",
+    "ServerBusy", "checked_options", "load", "model_info", "resolve_load_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ _FILE_TYPES = {
 
 
 def model_info(stored: store.StoredModel) -> ModelInfo:
-    """Read what a GGUF says about itself (fast: arrays are skipped). Raises InvalidModel."""
+    """Read what a GGUF says about itself (fast: arrays are skipped) and check that the engines can
+    load it (``runner.ggufcheck``). Raises InvalidModel with one line."""
     header = ggufmeta.read_gguf_header(stored.path)
+    ggufcheck.check_model(header, stored.path)
     return ModelInfo(
         name=stored.name,
         path=str(stored.path),
@@ -63,33 +66,32 @@ def model_info(stored: store.StoredModel) -> ModelInfo:
     )
 
 
-def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config) -> tuple[int, int, int]:
-    """(num_ctx, num_batch, num_thread) after defaults and Ollama's clamps."""
-    from .llamarunner.runner import default_threads
-
-    num_ctx = options.num_ctx or cfg.context_length
-    if info.context_length > 0:
-        num_ctx = min(num_ctx, info.context_length)
-    num_ctx = max(num_ctx, 4)
-    num_batch = max(1, min(options.num_batch, num_ctx))
-    num_thread = options.num_thread if options.num_thread > 0 else default_threads()
-    return num_ctx, num_batch, num_thread
-
-
 def load(model: str | None = None, options: Options | None = None, cfg: _config.Config | None = None,
          num_parallel: int | None = None) -> Runner:
-    """Load ``model`` (a store name, a .gguf path, or None for the default) and start its runner."""
+    """Load ``model`` (a store name, a .gguf path, or None for the default) and start its runner.
+
+    Everything that can refuse a load (the file's rules, the options' ranges, the KV cache type,
+    the memory the cache needs) is decided here, once for both engines, before either allocates.
+    """
     t0 = time.perf_counter_ns()
     cfg = cfg or _config.load()
-    options = options or Options()
+    options = checked_options(copy.deepcopy(options) if options is not None else Options())
     stored = store.resolve(model, cfg)
     info = model_info(stored)
     parallel = max(1, num_parallel if num_parallel is not None else cfg.num_parallel)
     num_ctx, num_batch, num_thread = resolve_load_options(info, options, cfg)
-    runner = None
-    if cfg.new_engine:
-        runner = _load_new(info, num_ctx, parallel, num_batch, num_thread, cfg)
-    if runner is None:
+    engine = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
+    kv_type = loadplan.kv_cache_type(info, cfg)
+    flash = bool(cfg.flash_attention)
+    need = loadplan.reservation(info, num_ctx, parallel, num_batch, kv_type, flash, engine)
+    loadplan.check_memory(info, need, num_ctx, parallel)
+    if engine == "new":
+        from .ollamarunner import load_runner
+
+        runner = load_runner(info, num_ctx=num_ctx, num_parallel=parallel, num_batch=num_batch,
+                             num_thread=num_thread, multi_user=cfg.multiuser_cache, flash_attention=flash,
+                             kv_cache_type=kv_type)
+    else:
         from .llamarunner.runner import LlamaRunner
 
         runner = LlamaRunner(
@@ -99,8 +101,8 @@ def load(model: str | None = None, options: Options | None = None, cfg: _config.
             num_batch=num_batch,
             num_thread=num_thread,
             multi_user=cfg.multiuser_cache,
-            flash_attention=cfg.flash_attention,
-            kv_cache_type=cfg.kv_cache_type,
+            flash_attention=flash,
+            kv_cache_type=kv_type,
             use_mmap=options.use_mmap if options.use_mmap is not None else True,
         )
     runner.load_duration = time.perf_counter_ns() - t0
@@ -108,12 +110,11 @@ def load(model: str | None = None, options: Options | None = None, cfg: _config.
     return runner
 
 
-def _load_new(info: ModelInfo, num_ctx: int, parallel: int, num_batch: int, num_thread: int,
-              cfg: _config.Config) -> Runner | None:
-    try:
-        from .ollamarunner import load_runner  # noqa: F401  (present once the new engine lands)
-    except ImportError:
-        log.warning("OLLAMA_NEW_ENGINE is set but the new engine is not available yet; using the old engine")
-        return None
-    return load_runner(info, num_ctx=num_ctx, num_parallel=parallel, num_batch=num_batch,
-                       num_thread=num_thread, cfg=cfg)
+def _new_engine_runs(info: ModelInfo) -> bool:
+    """Whether the new engine implements ``info``'s architecture (one notice when it does not)."""
+    from .ollamarunner import supports
+
+    if supports(info.architecture):
+        return True
+    log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
+    return False

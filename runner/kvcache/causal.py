@@ -132,7 +132,31 @@ class CausalCache:
     @property
     def nbytes(self) -> int:
         """Bytes of K/V storage allocated so far."""
-        return sum(s.nbytes for s in self._storage.values())
+        return sum(s.nbytes for s in {id(s): s for s in self._storage.values()}.values())
+
+    def allocate(self, layers: list[tuple[int, int, int]]) -> None:
+        """Allocate every layer's K and V now, in one buffer: ``layers[i]`` is layer i's
+        ``(head_dim, v_head_dim, kv_heads)`` (``kv_heads`` 0: no attention in that layer). The
+        whole size is known before anything is allocated, so a cache that does not fit fails
+        here (``MemoryError``) with nothing kept, instead of layer by layer on the first batch."""
+        if self._storage:
+            raise RuntimeError("cache storage allocated twice")
+        n = self.size
+        permuted = self.config is not None and self.config.permuted_v
+        specs = []
+        for layer, (head_dim, v_head_dim, kv_heads) in enumerate(layers):
+            if kv_heads:
+                v_shape = (n, v_head_dim, kv_heads) if permuted else (v_head_dim, kv_heads, n)
+                specs.append((f"cache_k_l{layer}", self.dtype, (head_dim, kv_heads, n)))
+                specs.append((f"cache_v_l{layer}", self.dtype, v_shape))
+        if not specs:
+            return
+        storage = self.backend.new_storage(specs)
+        for layer, (_, _, kv_heads) in enumerate(layers):
+            if kv_heads:
+                self._storage[layer] = storage
+                self._keys[layer] = storage.tensors[f"cache_k_l{layer}"]
+                self._values[layer] = storage.tensors[f"cache_v_l{layer}"]
 
     def close(self) -> None:
         """See ``Cache.close``."""

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import llama_cpp as L
 import numpy as np
 
+from .. import ggufmeta
 from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
@@ -75,6 +76,32 @@ def _load_failure_reason(lines: list[str]) -> str:
     return lines[-1] if lines else "unknown error"
 
 
+class _SpmBytes:
+    """The characters an SPM vocabulary cannot spell. llama.cpp spells a character that is not a
+    token with its byte tokens (``<0xC3>``), and throws ``std::out_of_range`` (which aborts the
+    process) when one is missing: TinyStories-656K lacks 179 of them. Such text is refused first."""
+
+    def __init__(self, tokens: set[bytes], missing: set[int]) -> None:
+        self.tokens, self.missing = tokens, missing
+
+    def check(self, text: str) -> None:
+        for ch in set(text.replace(" ", "\u2581")):
+            raw = ch.encode("utf-8", "surrogatepass")
+            if raw not in self.tokens:
+                for byte in raw:
+                    if byte in self.missing:
+                        raise InvalidRequest(f"cannot tokenize {ch!r}: the vocabulary has no token for byte 0x{byte:02X}")
+
+
+def _spm_missing_bytes(info: ModelInfo) -> _SpmBytes | None:
+    """For an SPM vocabulary (``tokenizer.ggml.model`` "llama") without a token for every byte."""
+    if info.metadata.get("tokenizer.ggml.model") != "llama":
+        return None
+    tokens = set(ggufmeta.read_array(info.path, "tokenizer.ggml.tokens", errors=None) or [])
+    missing = {b for b in range(256) if f"<0x{b:02X}>".encode() not in tokens and bytes([b]) not in tokens}
+    return _SpmBytes(tokens, missing) if missing else None
+
+
 class _Batch:
     """A ``llama_batch`` whose arrays are NumPy-owned, so filling it is vectorised."""
 
@@ -126,7 +153,7 @@ class LlamaRunner(BatchRunner):
         num_batch: int,
         num_thread: int,
         multi_user: bool,
-        flash_attention: bool | None,
+        flash_attention: bool,
         kv_cache_type: str,
         use_mmap: bool,
     ) -> None:
@@ -151,17 +178,9 @@ class LlamaRunner(BatchRunner):
         cparams.embeddings = False
         cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
         cparams.no_perf = True
-        cparams.flash_attn_type = {
-            None: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-            True: L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            False: L.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[flash_attention]
-        kv_types = {"f16": 1, "q8_0": 8, "q4_0": 2}
-        kv_type = kv_types.get(kv_cache_type, 1)
-        if kv_type != 1 and not flash_attention:
-            log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention; using f16", kv_cache_type)
-            kv_type = 1
-        cparams.type_k = cparams.type_v = kv_type
+        # flash attention and the KV cache type as runner.loadplan resolved them
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[kv_cache_type]
         with _capture_llama_log() as captured:
             self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -175,6 +194,7 @@ class LlamaRunner(BatchRunner):
         self.cache = InputCache(self._kv, num_ctx * num_parallel, num_parallel, multi_user)
         self._pieces: dict[int, bytes] = {}
         self._n_embd = L.llama_model_n_embd(self._model)
+        self._unencodable = _spm_missing_bytes(info)
         self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         bos, eos = L.llama_vocab_bos(self._vocab), L.llama_vocab_eos(self._vocab)
         self._special = (self._token_text(bos), self._token_text(eos))
@@ -196,6 +216,8 @@ class LlamaRunner(BatchRunner):
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         self._check_open()
+        if self._unencodable is not None:
+            self._unencodable.check(text)
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (L.llama_token * capacity)()

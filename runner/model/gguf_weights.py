@@ -109,9 +109,11 @@ class GGUFFile:
         if not p.is_file():
             raise GGUFError(f"no such model file: {p}")
         params = g.gguf_init_params(True, None)
-        ctx = g.gguf_init_from_file(os.fsencode(p), params)
+        with g.captured_errors() as errors:
+            ctx = g.gguf_init_from_file(os.fsencode(p), params)
         if not ctx:
-            raise GGUFError(f"not a valid GGUF file: {p}")
+            reasons = [e.split(": ", 1)[-1] for e in errors if "failed to" not in e]
+            raise GGUFError(f"not a valid GGUF file: {p}" + (f" ({reasons[0]})" if reasons else ""))
         return cls(p, ctx)
 
     def close(self) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import config as _config
 from ..api import InvalidModel, LoadError, ModelInfo
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
@@ -74,14 +73,11 @@ class OllamaRunner(BatchRunner):
     per_sequence_batch = False
 
     def __init__(self, info: ModelInfo, *, num_ctx: int, num_parallel: int, num_batch: int,
-                 num_thread: int, multi_user: bool, flash_attention: bool | None, kv_cache_type: str) -> None:
+                 num_thread: int, multi_user: bool, flash_attention: bool, kv_cache_type: str) -> None:
+        """``kv_cache_type`` and ``flash_attention`` as ``runner.loadplan`` resolved them (Ollama
+        leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so)."""
         super().__init__(info, num_ctx, num_parallel, num_batch, multi_user)
-        # Ollama leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so.
-        fa = bool(flash_attention)
-        kv_type = kv_cache_type if kv_cache_type in ("f16", "q8_0", "q4_0") else "f16"
-        if kv_type != "f16" and not fa:
-            log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention; using f16", kv_cache_type)
-            kv_type = "f16"
+        fa, kv_type = flash_attention, kv_cache_type
         try:
             self._tok = load_tokenizer(info.path)
             self._model = load_model(info.path, BackendOptions(num_threads=num_thread, flash_attention=fa))
@@ -187,11 +183,8 @@ class OllamaRunner(BatchRunner):
 
 
 def load_runner(info: ModelInfo, *, num_ctx: int, num_parallel: int, num_batch: int, num_thread: int,
-                cfg: _config.Config) -> OllamaRunner | None:
-    """The new engine for ``info``, or None (with one notice) when it cannot run this architecture."""
-    if not supports(info.architecture):
-        log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
-        return None
+                multi_user: bool, flash_attention: bool, kv_cache_type: str) -> OllamaRunner:
+    """The new engine for ``info`` (its architecture must be one that :func:`supports`)."""
     return OllamaRunner(info, num_ctx=num_ctx, num_parallel=num_parallel, num_batch=num_batch,
-                        num_thread=num_thread, multi_user=cfg.multiuser_cache,
-                        flash_attention=cfg.flash_attention, kv_cache_type=cfg.kv_cache_type)
+                        num_thread=num_thread, multi_user=multi_user, flash_attention=flash_attention,
+                        kv_cache_type=kv_cache_type)

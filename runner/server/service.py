@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
 
+import runner as _runner
 from runner import config as _config
 from runner import store
 from runner.api import (
@@ -31,9 +31,7 @@ from .scheduler import LoadedModel, Scheduler, resolve
 
 log = logging.getLogger(__name__)
 
-_INT32 = 2**31 - 1
 _MAX_TOP_LOGPROBS = 20
-_MAX_CTX = 1 << 20
 
 
 def now_ns() -> int:
@@ -75,23 +73,8 @@ def build_options(stored: store.StoredModel, values: Mapping[str, Any] | None) -
 
 
 def _check_ranges(options: Options) -> None:
-    """Refuse non-finite floats and clamp integers the engines would overflow or choke on.
-
-    Lengths the runner bounds itself (num_predict, num_keep, repeat_last_n) pass through;
-    ``num_ctx`` is clamped to the model's trained context at load, but a model that does not say
-    must not be asked for 2**40 cells; and a request must not be able to spawn a thousand threads.
-    """
-    for name in Options.names():
-        value = getattr(options, name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidRequest(f"invalid value for option {name!r}: {value!r}")
-    cpus = os.cpu_count() or 1
-    options.num_thread = min(options.num_thread, 4 * cpus)
-    options.num_ctx = min(options.num_ctx, _MAX_CTX)
-    options.num_batch = min(options.num_batch, _MAX_CTX)
-    options.top_k = min(options.top_k, _INT32)
-    options.num_gpu = max(min(options.num_gpu, _INT32), -_INT32)
-    options.main_gpu = max(min(options.main_gpu, _INT32), -_INT32)
+    """The ranges rule, shared with ``pollama run``: ``runner.checked_options``."""
+    _runner.checked_options(options)
 
 
 def fit_to_runner(request: Request, model: LoadedModel) -> None:

@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from runner.kvcache.cache import CacheConfig
+from runner.memory import available_memory
 from runner.ml.backend import BackendOptions
 
 from . import bindings as g
@@ -502,18 +503,6 @@ def default_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
-
-
-def available_memory() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo`` in bytes (``None`` where unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 class GGMLBackend:

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import logging
 import os
 import sys
+import threading
+from contextlib import contextmanager
 from ctypes import (
     POINTER,
     Structure,
@@ -42,7 +45,7 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 __all__ = ["LIB_DIR", "GGML_TYPE", "GGUF_TYPE", "ggml_init_params", "ggml_tensor", "gguf_init_params"]
 
@@ -301,6 +304,59 @@ gguf_get_tensor_name = _bind(_base, "gguf_get_tensor_name", c_char_p, [P, I64])
 gguf_get_tensor_ne = _bind(_base, "gguf_get_tensor_ne", POINTER(I64), [P, I64])
 gguf_get_tensor_type = _bind(_base, "gguf_get_tensor_type", c_int, [P, I64])
 gguf_get_tensor_size = _bind(_base, "gguf_get_tensor_size", c_size_t, [P, I64])
+
+
+# -------------------------------------------------------------------------------------- logging
+# GGML writes its messages (gguf_init_from_file's reasons for refusing a file, backend chatter) to
+# stderr unless told otherwise. Route them into Python logging, logger "ggml": errors as errors,
+# the rest as debug. llama.cpp's llama_log_set points the same hook at its own callback, which
+# logs too (logger "llama.cpp"), so whichever was set last, nothing reaches stderr directly.
+GGML_LOG_LEVEL_ERROR = 4
+GGML_LOG_LEVEL_CONT = 5
+ggml_log_callback = ctypes.CFUNCTYPE(None, c_int, c_char_p, c_void_p)
+ggml_log_set = _bind(_base, "ggml_log_set", None, [ggml_log_callback, c_void_p])
+ggml_log = logging.getLogger("ggml")
+_log_state = threading.local()
+
+
+def _on_ggml_log(level: int, text: bytes | None, _user: Any) -> None:
+    if level == GGML_LOG_LEVEL_CONT:
+        level = getattr(_log_state, "level", 1)
+    _log_state.level = level
+    message = (text or b"").decode("utf-8", errors="replace").rstrip("\n")
+    if message:
+        ggml_log.log(logging.ERROR if level == GGML_LOG_LEVEL_ERROR else logging.DEBUG, "%s", message)
+
+
+_LOG_CALLBACK = ggml_log_callback(_on_ggml_log)  # kept alive for the process's lifetime
+ggml_log_set(_LOG_CALLBACK, None)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.errors: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR:
+            self.errors.append(record.getMessage())
+
+
+@contextmanager
+def captured_errors() -> Iterator[list[str]]:
+    """Collect the error lines GGML logs meanwhile (for an exception's message) instead of
+    showing them; they still reach the log with OLLAMA_DEBUG. The hook is set again first, in
+    case llama.cpp took it."""
+    ggml_log_set(_LOG_CALLBACK, None)
+    handler = _Lines()
+    old_propagate = ggml_log.propagate
+    ggml_log.addHandler(handler)
+    ggml_log.propagate = logging.getLogger().isEnabledFor(logging.DEBUG)
+    try:
+        yield handler.errors
+    finally:
+        ggml_log.removeHandler(handler)
+        ggml_log.propagate = old_propagate
 
 
 # --------------------------------------------------------------------------------- sanity check

@@ -205,6 +205,11 @@ class Model:
         ``delta`` (i32 ``[n]``) of layer ``layer``; used by the cache's context shift."""
         raise NotImplementedError
 
+    def kv_layout(self) -> list[tuple[int, int, int]] | None:
+        """Per layer ``(head_dim, v_head_dim, kv_heads)`` of what the layer stores in the cache,
+        so :meth:`init_cache` allocates all of it at once; None: allocate on first use."""
+        return None
+
     # --- cache ----------------------------------------------------------------------------------
     def init_cache(
         self, num_ctx: int, num_parallel: int = 1, num_batch: int = 512, kv_type: str = "f16"
@@ -224,7 +229,11 @@ class Model:
         self.cache.close()
         try:
             self.cache.init(self.backend, kv_type, num_parallel, per_seq, num_batch)
+            layout = self.kv_layout()
+            if layout is not None:
+                self.cache.allocate(layout)
         except MemoryError as e:
+            self.cache.close()
             raise ModelLoadError(f"cannot allocate the KV cache for num_ctx {num_ctx}: {e}") from e
         self.reserve(num_batch, n_outputs=num_parallel)
 

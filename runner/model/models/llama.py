@@ -51,16 +51,20 @@ class LlamaConfig:
             value = f.arch_get(key)
             if value is None:
                 raise GGUFError(f"missing {f.arch}.{key}")
-            return int(value)
+            return one(key, value)
+
+        def one(key: str, value: object) -> int:
+            """A count given once, or per layer (an array): this model needs one value."""
+            if isinstance(value, (int, float)):
+                return int(value)
+            values = {int(x) for x in value}  # type: ignore[attr-defined]
+            if len(values) != 1:
+                raise GGUFError(f"per-layer {f.arch}.{key} is not supported")
+            return values.pop()
 
         n_embd = req("embedding_length")
         n_head = req("attention.head_count")
-        n_head_kv = f.arch_get("attention.head_count_kv", n_head)
-        if not isinstance(n_head_kv, int):  # per-layer array: this model needs one value
-            values = {int(x) for x in n_head_kv}
-            if len(values) != 1:
-                raise GGUFError("per-layer head_count_kv is not supported")
-            n_head_kv = values.pop()
+        n_head_kv = one("attention.head_count_kv", f.arch_get("attention.head_count_kv", n_head))
         head_dim = int(f.arch_get("attention.key_length", n_embd // n_head))
         embd = weights["token_embd.weight"]
         scaling = f.arch_get("rope.scaling.type", "none")
@@ -219,3 +223,7 @@ class Llama(Model):
 
     def shift(self, ctx: GraphContext, layer: int, key: Tensor, delta: Tensor) -> Tensor:
         return self.rope(key, delta)
+
+    def kv_layout(self) -> list[tuple[int, int, int]]:
+        c = self.config
+        return [(c.head_dim, c.head_dim, c.n_head_kv)] * c.n_layer

@@ -1,0 +1,169 @@
+"""Load-time decisions both engines share, made before either of them allocates anything.
+
+- :func:`checked_options`: the ranges rule for options, for ``pollama run`` and the server alike
+  (non-finite numbers refused; counts the engines would overflow or choke on clamped);
+- :func:`resolve_load_options`: the context, batch and thread counts a load uses;
+- :func:`kv_cache_type`: ``OLLAMA_KV_CACHE_TYPE`` as the engines can honour it;
+- :func:`reservation` and :func:`check_memory`: what the KV cache and the compute buffers will
+  take, refused up front (one line, in milliseconds) when the machine cannot give it, instead of
+  an engine allocating gigabytes layer by layer until ``bad_alloc``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+from . import config as _config
+from . import ggufmeta
+from .api import InvalidRequest, LoadError, ModelInfo, Options
+from .memory import available_memory
+
+log = logging.getLogger(__name__)
+
+MAX_CTX = 1 << 20  # num_ctx (and num_batch) above this are clamped: no model is trained longer
+INT32 = 2**31 - 1
+THREADS_PER_CPU = 4  # num_thread is clamped to this many per CPU
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+_KV_BLOCK = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # elements and bytes per block
+CELL_PADDING = 256  # both engines round the cache up to a multiple of this
+MEMORY_MARGIN = 0.9  # refuse when the reservation needs more than this share of what is available
+GiB = 2**30
+
+
+# -------------------------------------------------------------------------------------- options
+def checked_options(options: Options) -> Options:
+    """``options`` with the ranges rule applied (in place, and returned): a float that is not a
+    finite number is refused (InvalidRequest); ``num_ctx`` and ``num_batch`` are clamped to 2^20,
+    ``num_thread`` to 4 per CPU, ``top_k``, ``num_gpu`` and ``main_gpu`` to int32. Lengths the
+    runner bounds itself (num_predict, num_keep, repeat_last_n) pass through."""
+    for name in Options.names():
+        value = getattr(options, name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"invalid value for option {name!r}: {value!r}")
+    options.num_thread = min(options.num_thread, THREADS_PER_CPU * (os.cpu_count() or 1))
+    options.num_ctx = min(options.num_ctx, MAX_CTX)
+    options.num_batch = min(options.num_batch, MAX_CTX)
+    options.top_k = min(options.top_k, INT32)
+    options.num_gpu = max(min(options.num_gpu, INT32), -INT32)
+    options.main_gpu = max(min(options.main_gpu, INT32), -INT32)
+    return options
+
+
+def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config) -> tuple[int, int, int]:
+    """(num_ctx, num_batch, num_thread) after defaults and clamps: ``num_ctx`` 0 is the configured
+    default, at most the model's trained context and 2^20, at least 4; ``num_batch`` at most
+    ``num_ctx``; ``num_thread`` 0 is one per usable core, at most 4 per CPU."""
+    from .llamarunner.runner import default_threads
+
+    num_ctx = min(options.num_ctx or cfg.context_length, MAX_CTX)
+    if info.context_length > 0:
+        num_ctx = min(num_ctx, info.context_length)
+    num_ctx = max(num_ctx, 4)
+    num_batch = max(1, min(options.num_batch, num_ctx))
+    num_thread = options.num_thread if options.num_thread > 0 else default_threads()
+    num_thread = min(num_thread, THREADS_PER_CPU * (os.cpu_count() or 1))
+    return num_ctx, num_batch, num_thread
+
+
+# ------------------------------------------------------------------------------------ the model
+@dataclass(frozen=True)
+class Attention:
+    """What sizes the KV cache: per layer the K/V head count, and the head sizes."""
+
+    kv_heads: tuple[int, ...]  # per layer (0: a layer without attention)
+    n_head: int  # the most query heads of any layer
+    key_size: int
+    value_size: int
+
+    @classmethod
+    def of(cls, info: ModelInfo) -> Attention:
+        arch = info.architecture
+        meta = info.metadata
+        n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
+
+        def per_layer(key: str, default: list[int]) -> list[int]:
+            if f"{arch}.{key}" in meta:
+                return [int(meta[f"{arch}.{key}"])] * n_layer
+            values = ggufmeta.read_array(info.path, f"{arch}.{key}")
+            return [int(v) for v in values] if values else default
+
+        heads = per_layer("attention.head_count", [0] * n_layer)
+        kv_heads = per_layer("attention.head_count_kv", heads)
+        n_head = max(heads, default=0)
+        default = info.embedding_length // n_head if n_head else 0
+        key = int(meta.get(f"{arch}.attention.key_length", default) or 0)
+        value = int(meta.get(f"{arch}.attention.value_length", default) or 0)
+        return cls(tuple(kv_heads), n_head, key, value)
+
+
+# ------------------------------------------------------------------------------------- KV cache
+def kv_cache_type(info: ModelInfo, cfg: _config.Config) -> str:
+    """The KV cache type to use. ``f16`` by default; ``q8_0``/``q4_0`` need flash attention
+    (without it: a warning and f16, as Ollama does) and heads whose sizes are multiples of the
+    type's 32-element block (otherwise LoadError, as llama.cpp refuses; GGML would abort)."""
+    wanted = cfg.kv_cache_type
+    if wanted not in KV_CACHE_TYPES:
+        log.warning("unsupported OLLAMA_KV_CACHE_TYPE=%s (use one of %s); using f16", wanted, ", ".join(KV_CACHE_TYPES))
+        return "f16"
+    if wanted == "f16":
+        return wanted
+    if not cfg.flash_attention:
+        log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention (OLLAMA_FLASH_ATTENTION=1); using f16", wanted)
+        return "f16"
+    att = Attention.of(info)
+    block = _KV_BLOCK[wanted][0]
+    for size in (att.key_size, att.value_size):
+        if size % block:
+            raise LoadError(f"OLLAMA_KV_CACHE_TYPE={wanted} does not fit {info.name}: its attention heads have "
+                            f"{size} features, not a multiple of {wanted}'s block of {block} (use f16)")
+    return wanted
+
+
+# --------------------------------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class Reservation:
+    """What a load allocates besides the (memory-mapped) weights, in bytes."""
+
+    cells: int
+    kv: int  # K and V of every layer
+    compute: int  # the worst-case graph: attention scores (or the flash-attention mask) dominate
+
+    @property
+    def total(self) -> int:
+        return self.kv + self.compute
+
+
+def _pad(n: int, to: int = CELL_PADDING) -> int:
+    return -(-n // to) * to
+
+
+def reservation(info: ModelInfo, num_ctx: int, num_parallel: int, num_batch: int, kv_type: str,
+                flash_attention: bool, engine: str) -> Reservation:
+    """The KV cache (``num_ctx`` x ``num_parallel`` cells, padded to 256) and the compute buffer
+    of the largest batch (``num_batch`` tokens attending to a full context). The old engine gives
+    each sequence its own stream of ``num_ctx`` cells; the new engine attends over all of them."""
+    att = Attention.of(info)
+    cells = _pad(num_ctx * num_parallel)
+    elems, nbytes = _KV_BLOCK[kv_type]
+    per_cell = sum(h * (-(-att.key_size // elems) + -(-att.value_size // elems)) * nbytes for h in att.kv_heads)
+    seen = _pad(num_ctx) if engine == "old" else cells  # cells one batch attends to
+    if flash_attention:
+        compute = seen * num_batch * 2  # the f16 mask; the kernel keeps no scores
+    else:
+        compute = seen * num_batch * (att.n_head * 4 + 4)  # f32 scores per head, and the mask
+    return Reservation(cells, cells * per_cell, compute)
+
+
+def check_memory(info: ModelInfo, plan: Reservation, num_ctx: int, num_parallel: int) -> None:
+    """LoadError (one line) when ``plan`` needs more than 90% of the memory this process can get."""
+    available = available_memory()
+    if available is None or plan.total <= available * MEMORY_MARGIN:
+        return
+    raise LoadError(
+        f"{info.name} with num_ctx {num_ctx} x {num_parallel} parallel needs {plan.total / GiB:.1f} GiB "
+        f"(KV cache {plan.kv / GiB:.1f} GiB, compute {plan.compute / GiB:.1f} GiB), more than the "
+        f"{available / GiB:.1f} GiB of memory available: lower num_ctx or OLLAMA_NUM_PARALLEL"
+    )
