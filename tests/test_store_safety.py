@@ -282,3 +282,13 @@ def test_ps_hashes_a_path_model_off_the_event_loop_and_once(sandbox, tmp_path):
         again = c.get("/api/ps").json()["models"]
         assert time.monotonic() - t < first / 4 and again == entries
     httpx.post(sandbox.url + "/api/generate", json={"model": str(big), "prompt": "", "keep_alive": 0}, timeout=60)
+
+
+def test_a_broken_gguf_file_says_what_is_wrong(sandbox, tmp_path):
+    """A path named .gguf is the user's model file: a broken one is a 400 with the reason."""
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(STORIES.read_bytes()[:5000])
+    for r in (httpx.get(sandbox.url + "/v1/models/" + str(bad)),
+              httpx.post(sandbox.url + "/api/show", json={"model": str(bad)}),
+              httpx.post(sandbox.url + "/api/generate", json={"model": str(bad), "prompt": "x"})):
+        assert r.status_code == 400 and "truncated" in r.text, r.text

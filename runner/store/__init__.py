@@ -7,9 +7,10 @@ lays it out (reference §7.1), so models a user pulled with Ollama just work.
 Safety: this package is the only code that touches ``OLLAMA_MODELS``. Names are parsed by Ollama's
 rules (:mod:`.names`), digests by its pattern, and every path is checked to lie inside the store
 by :meth:`.layout.Layout.inside`. A file from outside the store is only ever read, and only
-imported (copied, never linked) when it is a GGUF with a valid header. Names that come from the
-network (``from_network``) can address a ``.gguf`` file only when it is one; any other file is
-reported as a model that does not exist, so the server reveals nothing about it.
+imported (copied, never linked) when it is a GGUF with a valid header. A name that comes from the
+network (``from_network``) addresses a file outside the store only when it ends in ``.gguf`` or
+the file is a GGUF; any other file is reported as a model that does not exist, so the server
+reveals nothing about it.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def _resolve_path(name: str, from_network: bool) -> StoredModel:
             ggufmeta.read_gguf_header(path)
         return _file_model(name, path)
     except (PollamaError, OSError, ValueError, RuntimeError) as err:
-        if from_network:  # say nothing about files that are not models
-            raise ModelNotFound(f'model "{name}" not found') from None
+        if from_network and not (isinstance(err, InvalidModel) and name.lower().endswith(".gguf")):
+            raise ModelNotFound(f'model "{name}" not found') from None  # say nothing about the file
         if isinstance(err, PollamaError):
             raise
         raise InvalidModel(f"cannot read {name}: {err}") from None
@@ -138,8 +139,10 @@ def _from_manifest(layout: Layout, name: Name, manifest: dict[str, Any]) -> Stor
 def resolve(name: str | None, cfg: _config.Config | None = None, *, from_network: bool = False) -> StoredModel:
     """Find the model a user named. Raises ModelNotFound or InvalidModel (one-line messages).
 
-    ``from_network``: the name came in a request, so a path is accepted only when it is a GGUF
-    file, and every failure to find one is the same "not found".
+    ``from_network``: the name came in a request. A path that does not end in ``.gguf`` must
+    be a GGUF file, and every failure to find or read one is the same "not found", so a request
+    learns nothing about other files; a ``.gguf`` path that exists is the user's model file, and
+    the loader says what is wrong with it.
     """
     cfg = cfg or _config.load()
     if is_default_name(name):
