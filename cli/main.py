@@ -40,8 +40,9 @@ def main(
 def _setup_logging(cfg: config.Config) -> None:
     level = logging.DEBUG if cfg.debug else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    if cfg.debug < 2:
-        logging.getLogger("llama.cpp").setLevel(logging.WARNING)
+    if cfg.debug < 2:  # the native libraries' chatter only at OLLAMA_DEBUG=2
+        for native in ("llama.cpp", "ggml"):
+            logging.getLogger(native).setLevel(logging.WARNING)
 
 
 def _fail(message: str, code: int = 1) -> "typer.Exit":

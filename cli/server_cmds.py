@@ -50,8 +50,9 @@ def _setup_server_logging(cfg: config.Config) -> None:
     logging.getLogger("runner").setLevel(logging.DEBUG if cfg.debug else logging.WARNING)
     logging.getLogger("runner.server").setLevel(level)
     logging.getLogger("uvicorn.error").setLevel(logging.INFO if cfg.debug else logging.WARNING)
-    if cfg.debug < 2:
-        logging.getLogger("llama.cpp").setLevel(logging.WARNING)
+    if cfg.debug < 2:  # the native libraries' chatter only at OLLAMA_DEBUG=2
+        for native in ("llama.cpp", "ggml"):
+            logging.getLogger(native).setLevel(logging.WARNING)
 
 
 @app.command(help=_SERVE_HELP, short_help="Start the server")
