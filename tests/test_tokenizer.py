@@ -254,6 +254,70 @@ def test_pieces_and_special_tokens_match_llama_cpp(pair: tuple[str, Tokenizer, O
     assert tok.add_eos == llama_cpp.llama_vocab_get_add_eos(vocab)
 
 
+def _falls_back_to_bytes(tok: Tokenizer, text: str) -> bool:
+    """True when an SPM vocabulary has no token for some character of ``text``."""
+    if tok.model != "llama":
+        return False
+    texts = {tok.token_text(i) for i in range(tok.n_vocab)}
+    return any(c not in texts for c in set(text.replace(" ", "\u2581")))
+
+
+# Runs and words over a few characters: the shapes where merging takes its fast paths (whole
+# rounds at once, stopping where a tie or an earlier-ranked new pair needs the queue's order).
+RUN_UNITS = ["a", "b", "ab", "aab", " ", "  a", "\n", "1", "12", "=", "-", "🦙", "é", "的", "▁", "'",
+             "the ", "\t", ".", "0", "ü", "ё", "x", "e", "th"]
+
+
+def _runs(rng: random.Random, tok: Tokenizer, count: int) -> list[str]:
+    spells_all = _representable_alphabet(tok) is None
+    texts = []
+    while len(texts) < count:
+        alphabet = rng.sample(RUN_UNITS, rng.randint(1, 4))
+        if rng.random() < 0.4:
+            text = "".join(alphabet) * rng.randint(1, 400)
+        else:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(50, 1500)))
+        if spells_all or not _falls_back_to_bytes(tok, text):
+            texts.append(text)
+    return texts
+
+
+def test_runs_and_small_alphabets_match_llama_cpp(pair: tuple[str, Tokenizer, Oracle]) -> None:
+    name, tok, oracle = pair
+    texts = _runs(random.Random(zlib.crc32(name.encode())), tok, count=150)
+    failures = [(text, want, got) for text in texts for special in (False, True)
+                if (got := tok.encode(text, special, special)) != (want := oracle.encode(text, special, special))]
+    assert not failures, f"{name}: {len(failures)} differ, first: {failures[0]!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)  # generous: linear code takes seconds here, a quadratic corner hours
+@pytest.mark.parametrize("name", ["smollm2", "stories260K", "vocab-llama-spm", "vocab-llama-bpe"])
+def test_long_inputs_match_llama_cpp(name: str, tokenizers: dict[str, Tokenizer]) -> None:
+    """Huge runs, a huge word, a 1 MB prompt: the same tokens as llama.cpp, and no quadratic
+    corner (the timeout catches one). llama.cpp itself is quadratic on runs of SPM characters
+    that fall back to byte tokens, so those runs are left out for SPM vocabularies."""
+    tok = _tokenizer(tokenizers, name)
+    oracle = Oracle.load(_model_path(name))
+    rng = random.Random(7)
+    texts = [unit * (200_000 // len(unit)) for unit in ("a", " ", "\n", "1", "=", "🦙", "ab", "1 ", "a\n")]
+    texts.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(100_000)))  # one word
+    prompt = []
+    while sum(map(len, prompt)) < 1_000_000:
+        prompt.append(_random_text(rng))
+        prompt.append(rng.choice(["\n\n", " ", "Lorem ipsum dolor sit amet, consectetur adipiscing elit. "]))
+    texts.append("".join(prompt))
+    try:
+        for text in texts:
+            if _falls_back_to_bytes(tok, text) and len(set(text)) < 10:
+                continue
+            want = oracle.encode(text, True, True)
+            got = tok.encode(text, add_special=True, parse_special=True)
+            assert got == want, f"{name}: {text[:20]!r}... ({len(text)} characters) differs"
+    finally:
+        oracle.free()
+
+
 @pytest.mark.parametrize("name", BPE_MODELS)
 def test_bpe_decode_round_trips(name: str, tokenizers: dict[str, Tokenizer]) -> None:
     tok = _tokenizer(tokenizers, name)
