@@ -557,6 +557,9 @@ class _SpmModel:
         out.extend(memo.ids(text[pos:]))
 
     def _piece(self, piece: str) -> tuple[int, ...]:
+        if len(piece) == 1:  # most new pieces in mixed scripts: nothing to merge
+            tid = self._token_to_id.get(piece)
+            return (tid,) if tid is not None else self._bytes(piece)
         return _symbol_ids(_merge(piece, self._order), self._token_to_id, self._bytes)
 
     def _bytes(self, sym: str) -> tuple[int, ...]:
