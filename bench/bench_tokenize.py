@@ -19,6 +19,12 @@ Prompts are built here, deterministically, at each size (UTF-8 bytes):
     python bench/bench_tokenize.py [--sizes 100K,1M,10M] [--kinds prose,code,...]
                                    [--models smollm2,stories260K] [--runs 3]
     python bench/bench_tokenize.py --profile prose --sizes 1M --models stories260K
+    python bench/bench_tokenize.py --end-to-end --sizes 10M
+
+``--end-to-end`` sends the prose prompt through ``runner.load`` (each engine, SmolLM2, num_ctx 512)
+as ``generate`` and as the last of three ``chat`` messages, truncate on, num_predict 1, no prompt
+cache, and times the request's preparation (template, truncation, tokenizing: wall seconds), how
+often the prompt was tokenized, and the whole request (the rest is evaluating 512 tokens).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import base64
 import cProfile
 import ctypes
+import dataclasses
 import os
 import platform
 import pstats
@@ -164,6 +171,49 @@ def timed_new(path: Path, text: str) -> tuple[float, list[int]]:
     return timed(lambda t: tok.encode(t, add_special=True, parse_special=True), text)
 
 
+# ------------------------------------------------------------------------------ end to end
+def end_to_end(sizes: list[str]) -> None:
+    import runner
+    from runner import config
+    from runner.api import Message, Options, Request
+
+    print("| engine | request | size | prepare (s) | tokenize calls | whole request (s) | prompt tokens kept |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for engine in ("old", "new"):
+        cfg = dataclasses.replace(config.load(), new_engine=engine == "new")
+        model = runner.load(None, Options(num_ctx=512), cfg, num_parallel=1)
+        calls = 0
+        tokenize = model.tokenize
+
+        def counted(*args: object, **kwargs: object) -> list[int]:
+            nonlocal calls
+            calls += 1
+            return tokenize(*args, **kwargs)  # type: ignore[arg-type]
+
+        model.tokenize = counted  # type: ignore[method-assign]
+        try:
+            for size in sizes:
+                text = build_prompt("prose", SIZES[size])
+                opts = Options(num_ctx=512, num_predict=1)
+                requests = {
+                    "generate": (model.generate, Request(prompt=text, options=opts, cache_prompt=False)),
+                    "chat": (model.chat, Request(messages=[Message("user", "Hi"), Message("assistant", "Hello!"),
+                                                           Message("user", text)], options=opts, cache_prompt=False)),
+                }
+                for name, (send, request) in requests.items():
+                    calls = 0
+                    t0 = time.perf_counter()
+                    stream = send(request)  # prepares (and tokenizes) before it returns
+                    t1 = time.perf_counter()
+                    chunks = list(stream)
+                    t2 = time.perf_counter()
+                    kept = chunks[-1].metrics.prompt_eval_count + chunks[-1].metrics.prompt_cached_count
+                    print(f"| {engine} | {name} | {size} | {t1 - t0:.2f} | {calls} | {t2 - t0:.2f} | {kept} |",
+                          flush=True)
+        finally:
+            model.close()
+
+
 # ------------------------------------------------------------------------------------- main
 def machine() -> str:
     load = os.getloadavg()
@@ -180,6 +230,7 @@ def main() -> int:
     ap.add_argument("--old-limit", type=float, default=60.0, metavar="S",
                     help="when llama.cpp takes longer than S on a prompt, skip it at larger sizes of that kind")
     ap.add_argument("--profile", metavar="KIND", help="cProfile the new tokenizer on KIND instead")
+    ap.add_argument("--end-to-end", action="store_true", help="time prose prompts through both runners instead")
     args = ap.parse_args()
     sizes = [s for s in args.sizes.split(",") if s]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -189,6 +240,10 @@ def main() -> int:
             if item not in table:
                 raise SystemExit(f"unknown {name} {item!r}")
 
+    if args.end_to_end:
+        print(machine())
+        end_to_end(sizes)
+        return 0
     if args.profile:
         for model in models:
             for size in sizes:

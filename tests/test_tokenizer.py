@@ -4,6 +4,7 @@ own tokenizer on the real models with random and adversarial text."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import random
 import struct
@@ -254,12 +255,14 @@ def test_pieces_and_special_tokens_match_llama_cpp(pair: tuple[str, Tokenizer, O
     assert tok.add_eos == llama_cpp.llama_vocab_get_add_eos(vocab)
 
 
+@functools.lru_cache(maxsize=None)
+def _vocabulary(tok: Tokenizer) -> frozenset[str]:
+    return frozenset(tok.token_text(i) for i in range(tok.n_vocab))
+
+
 def _falls_back_to_bytes(tok: Tokenizer, text: str) -> bool:
     """True when an SPM vocabulary has no token for some character of ``text``."""
-    if tok.model != "llama":
-        return False
-    texts = {tok.token_text(i) for i in range(tok.n_vocab)}
-    return any(c not in texts for c in set(text.replace(" ", "\u2581")))
+    return tok.model == "llama" and not set(text.replace(" ", "\u2581")) <= _vocabulary(tok)
 
 
 # Runs and words over a few characters: the shapes where merging takes its fast paths (whole
@@ -302,11 +305,12 @@ def test_long_inputs_match_llama_cpp(name: str, tokenizers: dict[str, Tokenizer]
     rng = random.Random(7)
     texts = [unit * (200_000 // len(unit)) for unit in ("a", " ", "\n", "1", "=", "🦙", "ab", "1 ", "a\n")]
     texts.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(100_000)))  # one word
-    prompt = []
-    while sum(map(len, prompt)) < 1_000_000:
-        prompt.append(_random_text(rng))
-        prompt.append(rng.choice(["\n\n", " ", "Lorem ipsum dolor sit amet, consectetur adipiscing elit. "]))
-    texts.append("".join(prompt))
+    prompt = ""
+    while len(prompt) < 1_000_000:
+        parts = [_random_text(rng) + rng.choice(["\n\n", " ", "Lorem ipsum dolor sit amet, consectetur. "])
+                 for _ in range(1000)]
+        prompt += "".join(parts)
+    texts.append(prompt)
     try:
         for text in texts:
             if _falls_back_to_bytes(tok, text) and len(set(text)) < 10:
