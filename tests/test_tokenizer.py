@@ -4,6 +4,7 @@ own tokenizer on the real models with random and adversarial text."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import random
 import struct
@@ -252,6 +253,73 @@ def test_pieces_and_special_tokens_match_llama_cpp(pair: tuple[str, Tokenizer, O
     assert (tok.eos_id if tok.eos_id is not None else -1) == llama_cpp.llama_vocab_eos(vocab)
     assert tok.add_bos == llama_cpp.llama_vocab_get_add_bos(vocab)
     assert tok.add_eos == llama_cpp.llama_vocab_get_add_eos(vocab)
+
+
+@functools.lru_cache(maxsize=None)
+def _vocabulary(tok: Tokenizer) -> frozenset[str]:
+    return frozenset(tok.token_text(i) for i in range(tok.n_vocab))
+
+
+def _falls_back_to_bytes(tok: Tokenizer, text: str) -> bool:
+    """True when an SPM vocabulary has no token for some character of ``text``."""
+    return tok.model == "llama" and not set(text.replace(" ", "\u2581")) <= _vocabulary(tok)
+
+
+# Runs and words over a few characters: the shapes where merging takes its fast paths (whole
+# rounds at once, stopping where a tie or an earlier-ranked new pair needs the queue's order).
+RUN_UNITS = ["a", "b", "ab", "aab", " ", "  a", "\n", "1", "12", "=", "-", "🦙", "é", "的", "▁", "'",
+             "the ", "\t", ".", "0", "ü", "ё", "x", "e", "th"]
+
+
+def _runs(rng: random.Random, tok: Tokenizer, count: int) -> list[str]:
+    spells_all = _representable_alphabet(tok) is None
+    texts = []
+    while len(texts) < count:
+        alphabet = rng.sample(RUN_UNITS, rng.randint(1, 4))
+        if rng.random() < 0.4:
+            text = "".join(alphabet) * rng.randint(1, 400)
+        else:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randint(50, 1500)))
+        if spells_all or not _falls_back_to_bytes(tok, text):
+            texts.append(text)
+    return texts
+
+
+def test_runs_and_small_alphabets_match_llama_cpp(pair: tuple[str, Tokenizer, Oracle]) -> None:
+    name, tok, oracle = pair
+    texts = _runs(random.Random(zlib.crc32(name.encode())), tok, count=150)
+    failures = [(text, want, got) for text in texts for special in (False, True)
+                if (got := tok.encode(text, special, special)) != (want := oracle.encode(text, special, special))]
+    assert not failures, f"{name}: {len(failures)} differ, first: {failures[0]!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)  # generous: linear code takes seconds here, a quadratic corner hours
+@pytest.mark.parametrize("name", ["smollm2", "stories260K", "vocab-llama-spm", "vocab-llama-bpe"])
+def test_long_inputs_match_llama_cpp(name: str, tokenizers: dict[str, Tokenizer]) -> None:
+    """Huge runs, a huge word, a 1 MB prompt: the same tokens as llama.cpp, and no quadratic
+    corner (the timeout catches one). llama.cpp itself is quadratic on runs of SPM characters
+    that fall back to byte tokens, so those runs are left out for SPM vocabularies."""
+    tok = _tokenizer(tokenizers, name)
+    oracle = Oracle.load(_model_path(name))
+    rng = random.Random(7)
+    texts = [unit * (200_000 // len(unit)) for unit in ("a", " ", "\n", "1", "=", "🦙", "ab", "1 ", "a\n")]
+    texts.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(100_000)))  # one word
+    prompt = ""
+    while len(prompt) < 1_000_000:
+        parts = [_random_text(rng) + rng.choice(["\n\n", " ", "Lorem ipsum dolor sit amet, consectetur. "])
+                 for _ in range(1000)]
+        prompt += "".join(parts)
+    texts.append(prompt)
+    try:
+        for text in texts:
+            if _falls_back_to_bytes(tok, text) and len(set(text)) < 10:
+                continue
+            want = oracle.encode(text, True, True)
+            got = tok.encode(text, add_special=True, parse_special=True)
+            assert got == want, f"{name}: {text[:20]!r}... ({len(text)} characters) differs"
+    finally:
+        oracle.free()
 
 
 @pytest.mark.parametrize("name", BPE_MODELS)

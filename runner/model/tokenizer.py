@@ -10,9 +10,15 @@ models:
 * ``"llama"`` -- SentencePiece-style BPE over token scores: spaces become ``▁``, a space is put
   in front of the text (``add_space_prefix``), the highest-scoring adjacent pair that forms a token
   is merged first, and characters that end up outside every token fall back to ``<0xNN>`` bytes.
+  llama.cpp merges the whole text at once; we first cut it between characters that no token
+  holds side by side (the merging can never join them), so the pieces are mostly words.
 * ``"gpt2"`` -- byte-level BPE: a pre-tokenizer (the regexes that ``tokenizer.ggml.pre`` names)
   splits the text into words, each word's UTF-8 bytes are mapped to printable characters, and
-  the adjacent pair with the lowest merge rank is merged first. Words are cached.
+  the adjacent pair with the lowest merge rank is merged first.
+
+Both merge words (pieces) independently and remember them, so a 10 MB prompt costs about what
+llama.cpp takes. Merging has three implementations of one rule, picked by the word's shape
+(short, a long run over few characters, anything else): see ``_merge``.
 
 Special tokens (control / user-defined / unknown types) are cut out of the text before either
 algorithm runs, longest first, as ``tokenizer_st_partition`` does: user-defined tokens always,
@@ -28,13 +34,18 @@ import bisect
 import functools
 import heapq
 import logging
+import math
 import mmap
 import struct
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
+from itertools import chain, repeat
+from operator import add
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
+import numpy as np
 import regex
 
 from runner import ggufmeta
@@ -234,6 +245,11 @@ _RE_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n
               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _RE_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# StarCoder's pair, \p{N} (partial) then GPT-2 on the gaps, as one regex: each digit alone, GPT-2
+# without its digit alternative between them, and a digit ends a run of spaces as the end of a
+# gap does, hence (?![^\s\p{N}]) for (?!\S). One pass instead of a regex call per gap (they are
+# many in numbers, tables and base64).
+_RE_STARCODER = r"\p{N}|" + _RE_GPT2.replace(r" ?\p{N}+|", "").replace(r"\s+(?!\S)", r"\s+(?![^\s\p{N}])")
 
 # Each pre-tokenizer is a list of (regex, total): a total regex matches every character (its
 # matches tile the text); a partial one leaves the text between its matches as pieces of their own.
@@ -242,7 +258,7 @@ _PRE_REGEXES: dict[str, tuple[tuple[str, bool], ...]] = {
                 (r"[0-9][0-9][0-9]", False)),
     "llama3": ((_RE_LLAMA3, True),),
     "gpt2": ((_RE_GPT2, True),),
-    "starcoder": ((r"\p{N}", False), (_RE_GPT2, True)),
+    "starcoder": ((_RE_STARCODER, True),),  # = ((r"\p{N}", False), (_RE_GPT2, True))
     "qwen2": ((_RE_QWEN2, True),),
     "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", False), (_RE_GPT2, True), (r"[0-9][0-9][0-9]", False)),
 }
@@ -337,98 +353,278 @@ _UNICODE_TO_BYTE = {c: b for b, c in enumerate(_BYTE_TO_UNICODE)}
 _LATIN1_TO_BYTE_CHAR = {b: c for b, c in enumerate(_BYTE_TO_UNICODE)}  # for str.translate
 
 
+# ------------------------------------------------------------------------------ merging
+# Both vocabularies tokenize a word the same way: start from its characters and repeatedly merge
+# the adjacent pair that comes first in an order, the leftmost of equals, until no pair can merge.
+# The order is ``rank[left + sep + right]``, lowest first; a pair not in ``rank`` never merges.
+# BPE: the index in the merges list, sep " ". SPM: minus the score of the token the pair forms
+# (the best score first), sep "". Three implementations of that one rule follow, chosen by the
+# word's shape; each gives exactly llama.cpp's result (its priority queue, ``llm_tokenizer_*``).
+_NEVER = math.inf
+_SHORT_WORD = 64  # up to this many characters, rescanning the pair list beats a heap
+_FEW_CHARS = 8  # longer words over at most this many distinct characters try whole rounds first
+_MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class _MergeOrder:
+    """Which adjacent symbols merge, and in what order (see the comment above)."""
+
+    rank: dict[str, float]
+    sep: str
+
+
+def _merge(word: str, order: _MergeOrder) -> list[str]:
+    """The symbols that ``word`` merges into."""
+    if len(word) <= _SHORT_WORD:
+        return _merge_scan(list(word), order)
+    if len(set(word)) <= _FEW_CHARS:  # a run: "    ", "====", "1111", "🦙🦙🦙"
+        syms, finished = _merge_rounds(word, order)
+        return syms if finished else _merge_heap(syms, order)
+    return _merge_heap(list(word), order)
+
+
+def _merge_scan(syms: list[str], order: _MergeOrder) -> list[str]:
+    """The rule as written: find the first pair, merge it, re-rank its two new neighbour pairs.
+
+    Quadratic in the word's length, but each step is two C-level scans (``min``, ``index``).
+    """
+    rank, sep = order.rank.get, order.sep
+    keys = map(add, map(add, syms, repeat(sep)), syms[1:])  # a + sep + b, in C loops
+    ranks = list(map(rank, keys, repeat(_NEVER)))
+    while ranks:
+        best = min(ranks)
+        if best == _NEVER:
+            break
+        i = ranks.index(best)  # the leftmost of equals
+        merged = syms[i] + syms[i + 1]
+        syms[i] = merged
+        del syms[i + 1], ranks[i]
+        if i > 0:
+            ranks[i - 1] = rank(syms[i - 1] + sep + merged, _NEVER)
+        if i < len(ranks):
+            ranks[i] = rank(merged + sep + syms[i + 1], _NEVER)
+    return syms
+
+
+def _merge_heap(syms: list[str], order: _MergeOrder) -> list[str]:
+    """llama.cpp's priority queue of pairs (rank, left index): O(n log n) for long words.
+
+    Symbols are linked left/right; a merged-away symbol becomes "". A queued pair is stale once
+    either side changed, which its recorded length detects (symbols only grow).
+    """
+    n = len(syms)
+    if n < 2:
+        return syms
+    rank, sep = order.rank.get, order.sep
+    heap = [(r, i, len(a) + len(b)) for i, (a, b) in enumerate(zip(syms, syms[1:]))
+            if (r := rank(a + sep + b, _NEVER)) != _NEVER]
+    heapq.heapify(heap)
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prv = list(range(-1, n - 1))
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        _, left, size = pop(heap)
+        right = nxt[left]
+        a = syms[left]
+        if right < 0 or not a or len(a) + len(syms[right]) != size:
+            continue  # stale
+        merged = a + syms[right]
+        syms[left] = merged
+        syms[right] = ""
+        after = nxt[right]
+        nxt[left] = after
+        if after >= 0:
+            prv[after] = left
+            c = syms[after]
+            r = rank(merged + sep + c, _NEVER)
+            if r != _NEVER:
+                push(heap, (r, left, len(merged) + len(c)))
+        before = prv[left]
+        if before >= 0:
+            c = syms[before]
+            r = rank(c + sep + merged, _NEVER)
+            if r != _NEVER:
+                push(heap, (r, before, len(c) + len(merged)))
+    return [s for s in syms if s]
+
+
+def _merge_rounds(word: str, order: _MergeOrder) -> tuple[list[str], bool]:
+    """Merge every occurrence of the first pair at once, while that is what the queue would do.
+
+    For long runs over a few characters, where the queue pays a heap operation per merge. Each
+    distinct symbol is written as one character (the word's own characters stand for themselves,
+    merged symbols get private-use code points), so one round is one ``str.replace``: the
+    occurrences of the pair, left to right, skipping overlaps -- the queue's order too, provided
+    (1) no other pair present ranks equal to it, and (2) no pair the merge creates ranks before
+    or equal to it. When either could fail, or after ``_MAX_ROUNDS``, the rounds stop and the
+    caller finishes with the queue from the symbols reached. Returns (symbols, finished).
+    """
+    rank, sep = order.rank.get, order.sep
+    symbol = {c: c for c in set(word)}  # code -> the symbol it stands for
+    code = {c: c for c in symbol}  # symbol -> its code
+    fresh = 0xF0000  # Supplementary Private Use Area-A
+
+    def ranked(a: str, b: str) -> tuple[float, str, str]:
+        return rank(symbol[a] + sep + symbol[b], _NEVER), a, b
+
+    def symbols() -> list[str]:
+        return list(map(symbol.__getitem__, text))
+
+    text = word
+    queue = [p for a in symbol for b in symbol if (p := ranked(a, b))[0] != _NEVER]
+    heapq.heapify(queue)  # pair kinds that may be present, by rank
+    for _ in range(_MAX_ROUNDS):
+        while queue and queue[0][1] + queue[0][2] not in text:
+            heapq.heappop(queue)  # kinds only vanish, except those with the newest symbol
+        if not queue:
+            return symbols(), True
+        best, a, b = heapq.heappop(queue)
+        while queue and queue[0][0] == best:  # (1)
+            _, a2, b2 = heapq.heappop(queue)
+            if (a2, b2) != (a, b) and a2 + b2 in text:
+                return symbols(), False
+        merged = symbol[a] + symbol[b]
+        c = code.get(merged)
+        if c is None:
+            while chr(fresh) in symbol:
+                fresh += 1
+            c = code[merged] = chr(fresh)
+            symbol[c] = merged
+        created = [ranked(x, c) for x in symbol] + [ranked(c, x) for x in symbol]
+        if any(r <= best for r, _, _ in created):  # (2)
+            return symbols(), False
+        text = text.replace(a + b, c)
+        for p in created:
+            if p[0] != _NEVER:
+                heapq.heappush(queue, p)
+    return symbols(), False
+
+
+def _symbol_ids(syms: list[str], token_to_id: dict[str, int],
+                fallback: Callable[[str], tuple[int, ...]]) -> tuple[int, ...]:
+    """The ids of merged symbols; ``fallback`` for a symbol that is no token."""
+    try:
+        return tuple(map(token_to_id.__getitem__, syms))
+    except KeyError:
+        return tuple(chain.from_iterable(
+            (token_to_id[s],) if s in token_to_id else fallback(s) for s in syms))
+
+
+class _Memo(dict[str, tuple[int, ...]]):
+    """word -> token ids, computed on first use; bounded (cleared when full, long words not kept)."""
+
+    def __init__(self, compute: Callable[[str], tuple[int, ...]], limit: int = 200_000,
+                 longest: int = 256) -> None:
+        super().__init__()
+        self._compute = compute
+        self._limit = limit
+        self._longest = longest
+
+    def __missing__(self, word: str) -> tuple[int, ...]:
+        ids = self._compute(word)
+        if len(word) <= self._longest:
+            if len(self) >= self._limit:
+                self.clear()
+            self[word] = ids
+        return ids
+
+    def ids(self, words: Iterable[str]) -> Iterator[int]:
+        """The ids of ``words``, concatenated (C-level loops: this is the hot path)."""
+        return chain.from_iterable(map(self.__getitem__, words))
+
+
 # ------------------------------------------------------------------------------ the algorithms
 class _SpmModel:
-    """llama.cpp's ``llm_tokenizer_spm``: merge the best-scoring adjacent pair that is a token."""
+    """llama.cpp's ``llm_tokenizer_spm``: merge the best-scoring adjacent pair that is a token.
+
+    llama.cpp merges over the whole text at once. A pair of characters that occurs inside no
+    token can never be joined, so the text is cut there first (``_PairCuts``) and the pieces --
+    mostly words, since few tokens have ``▁`` inside -- are merged one by one and remembered.
+    """
 
     def __init__(self, token_to_id: dict[str, int], scores: Sequence[float],
                  byte_ids: Sequence[int | None]) -> None:
         self._token_to_id = token_to_id
-        self._scores = scores
+        self._order = _MergeOrder({t: -scores[i] for t, i in token_to_id.items()}, "")
         self._byte_ids = byte_ids
+        self._cuts = _PairCuts(token_to_id)
+        self._memo = _Memo(self._piece)
 
     def tokenize(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (spaces already escaped as ``▁``) to ``out``."""
-        syms = list(text)
-        n = len(syms)
-        if n == 0:
-            return
-        t2i = self._token_to_id
-        scores = self._scores
-        heap: list[tuple[float, int, int, int]] = []
-        for i in range(n - 1):
-            tid = t2i.get(syms[i] + syms[i + 1])
-            if tid is not None:
-                heap.append((-scores[tid], i, i + 1, 2))
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        heapq.heapify(heap)
-        pop, push = heapq.heappop, heapq.heappush
-        while heap:
-            _, left, right, size = pop(heap)
-            a, b = syms[left], syms[right]
-            # A bigram is stale once either side grew or was merged away.
-            if not a or not b or len(a) + len(b) != size:
-                continue
-            ab = a + b
-            syms[left] = ab
-            syms[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            before = prv[left]
-            if after >= 0:
-                prv[after] = left
-            if before >= 0:
-                c = syms[before]
-                tid = t2i.get(c + ab)
-                if tid is not None:
-                    push(heap, (-scores[tid], before, left, len(c) + len(ab)))
-            if after >= 0:
-                c = syms[after]
-                tid = t2i.get(ab + c)
-                if tid is not None:
-                    push(heap, (-scores[tid], left, after, len(ab) + len(c)))
-        i = 0
-        while i != -1:
-            sym = syms[i]
-            tid = t2i.get(sym)
-            if tid is not None:
-                out.append(tid)
-            else:
-                out.extend(self._byte_token(b, sym) for b in sym.encode("utf-8"))
-            i = nxt[i]
+        memo = self._memo
+        pos = 0
+        for start, end in self._cuts.long_pieces(text):
+            out.extend(memo.ids(text[pos:start]))  # pieces of one character: a str iterates as them
+            out.extend(memo[text[start:end]])
+            pos = end
+        out.extend(memo.ids(text[pos:]))
 
-    def _byte_token(self, byte: int, sym: str) -> int:
-        tid = self._byte_ids[byte]
-        if tid is None:  # llama.cpp aborts here (unordered_map::at)
-            raise InvalidRequest(f"cannot tokenize {sym!r}: the vocabulary has no token for byte 0x{byte:02X}")
-        return tid
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        if len(piece) == 1:  # most new pieces in mixed scripts: nothing to merge
+            tid = self._token_to_id.get(piece)
+            return (tid,) if tid is not None else self._bytes(piece)
+        return _symbol_ids(_merge(piece, self._order), self._token_to_id, self._bytes)
+
+    def _bytes(self, sym: str) -> tuple[int, ...]:
+        """A symbol that is no token (a single character): its UTF-8 bytes as ``<0xNN>`` tokens."""
+        ids = []
+        for byte in sym.encode("utf-8"):
+            tid = self._byte_ids[byte]
+            if tid is None:  # llama.cpp aborts here (unordered_map::at)
+                raise InvalidRequest(
+                    f"cannot tokenize {sym!r}: the vocabulary has no token for byte 0x{byte:02X}")
+            ids.append(tid)
+        return tuple(ids)
+
+
+class _PairCuts:
+    """Where a text can be cut without changing its SPM tokens: between two characters that
+    are adjacent in no token.
+
+    The pairs that do occur are hashed into a bit table, so a 10 MB text is checked with a few
+    NumPy operations. A hash collision can only hide a cut (a longer piece), never invent one.
+    """
+
+    _BITS = 22
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        pairs = {(ord(a), ord(b)) for t in tokens for a, b in zip(t, t[1:])}
+        self._joined = np.zeros(1 << self._BITS, dtype=bool)
+        if pairs:
+            left, right = np.array(sorted(pairs), dtype=np.uint32).T
+            self._joined[self._hash(left, right)] = True
+
+    @classmethod
+    def _hash(cls, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+        mixed = left * np.uint32(0x9E3779B1) ^ right * np.uint32(0x85EBCA77)  # wraps mod 2**32
+        return mixed >> np.uint32(32 - cls._BITS)  # multiplicative hashing: the top bits
+
+    def long_pieces(self, text: str) -> Iterator[tuple[int, int]]:
+        """(start, end) of the pieces of ``text`` longer than one character, in order."""
+        points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        joined = self._joined[self._hash(points[:-1], points[1:])]
+        bounds = np.concatenate(([0], np.flatnonzero(~joined) + 1, [len(text)]))
+        long = np.flatnonzero(np.diff(bounds) > 1)
+        return zip(bounds[long].tolist(), bounds[long + 1].tolist())
 
 
 class _BpeModel:
     """llama.cpp's ``llm_tokenizer_bpe``: pre-tokenize, byte-map, merge the lowest-rank pair."""
 
-    _CACHE_LIMIT = 200_000
-
     def __init__(self, token_to_id: dict[str, int], merges: Sequence[str],
                  pre: _PreType) -> None:
         self._token_to_id = token_to_id
-        self._ranks = _merge_ranks(merges)
+        self._order = _MergeOrder(_merge_ranks(merges), " ")
         self._pre = _PreTokenizer(_PRE_REGEXES[pre.regexes])
         self._ignore_merges = pre.ignore_merges
-        self._cache: dict[str, tuple[int, ...]] = {}
+        self._memo = _Memo(self._word)
 
     def tokenize(self, text: str, out: list[int]) -> None:
         """Append the ids of ``text`` (a fragment free of special tokens) to ``out``."""
-        cache = self._cache
-        if len(cache) > self._CACHE_LIMIT:
-            cache.clear()
-        for word in self._pre.split(text):
-            ids = cache.get(word)
-            if ids is None:
-                ids = cache[word] = self._word(word)
-            out.extend(ids)
+        out.extend(self._memo.ids(self._pre.split(text)))
 
     def _word(self, word: str) -> tuple[int, ...]:
         mapped = word.encode("utf-8").decode("latin-1").translate(_LATIN1_TO_BYTE_CHAR)
@@ -437,66 +633,19 @@ class _BpeModel:
             tid = t2i.get(mapped)
             if tid is not None:
                 return (tid,)
-        ids: list[int] = []
-        for sym in self._merge(mapped):
-            tid = t2i.get(sym)
-            if tid is not None:
-                ids.append(tid)
-                continue
-            # llama.cpp looks each UTF-8 byte of the mapped symbol up as a one-byte token.
-            for byte in sym.encode("utf-8"):
-                tid = t2i.get(bytes((byte,)).decode("utf-8", "surrogateescape"))
-                if tid is not None:
-                    ids.append(tid)
-        return tuple(ids)
+        return _symbol_ids(_merge(mapped, self._order), t2i, self._bytes)
 
-    def _merge(self, word: str) -> list[str]:
-        syms = list(word)
-        n = len(syms)
-        if n < 2:
-            return syms
-        ranks = self._ranks
-        heap: list[tuple[int, int, int, int]] = []
-        for i in range(n - 1):
-            rank = ranks.get(syms[i] + " " + syms[i + 1])
-            if rank is not None:
-                heap.append((rank, i, i + 1, 2))
-        if not heap:
-            return syms
-        heapq.heapify(heap)
-        nxt = list(range(1, n + 1))
-        nxt[-1] = -1
-        prv = list(range(-1, n - 1))
-        pop, push = heapq.heappop, heapq.heappush
-        while heap:
-            _, left, right, size = pop(heap)
-            a, b = syms[left], syms[right]
-            if not a or not b or len(a) + len(b) != size:
-                continue  # stale: a side grew or was merged away
-            ab = a + b
-            syms[left] = ab
-            syms[right] = ""
-            after = nxt[right]
-            nxt[left] = after
-            before = prv[left]
-            if after >= 0:
-                prv[after] = left
-            if before >= 0:
-                c = syms[before]
-                rank = ranks.get(c + " " + ab)
-                if rank is not None:
-                    push(heap, (rank, before, left, len(c) + len(ab)))
-            if after >= 0:
-                c = syms[after]
-                rank = ranks.get(ab + " " + c)
-                if rank is not None:
-                    push(heap, (rank, left, after, len(ab) + len(c)))
-        return [s for s in syms if s]
+    def _bytes(self, sym: str) -> tuple[int, ...]:
+        """A merged symbol that is no token: llama.cpp looks up each of its UTF-8 bytes as a
+        one-byte token and drops the bytes that have none."""
+        t2i = self._token_to_id
+        found = (t2i.get(bytes((byte,)).decode("utf-8", "surrogateescape")) for byte in sym.encode("utf-8"))
+        return tuple(tid for tid in found if tid is not None)
 
 
-def _merge_ranks(merges: Sequence[str]) -> dict[str, int]:
+def _merge_ranks(merges: Sequence[str]) -> dict[str, float]:
     """``"left right"`` -> rank; the first of duplicate merges wins, as std::map::emplace does."""
-    ranks: dict[str, int] = {}
+    ranks: dict[str, float] = {}
     for rank in range(len(merges) - 1, -1, -1):
         merge = merges[rank]
         if merge.find(" ", 1) > 0:
