@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from runner.api import DoneReason, InvalidRequest, Message, Options, PromptTooLong, Request
+from runner.api import DoneReason, InvalidRequest, Message, Options, PromptTooLong, Request, coerce_option
 from tests.conftest import STORIES, TINYSTORIES, collect, load
 
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
@@ -184,9 +184,11 @@ def test_bad_input(smollm):
     with pytest.raises(InvalidRequest):
         smollm.generate(Request(prompt="", raw=True))
     with pytest.raises(InvalidRequest):
-        Options().merged({"nonsense": 1})
-    with pytest.raises(InvalidRequest):
         Options().merged({"temperature": "hot"})
+    # as Ollama: unknown (or dropped) names are ignored, null values leave the default
+    assert Options().merged({"nonsense": 1, "mirostat": 2, "temperature": None}) == Options()
+    with pytest.raises(InvalidRequest, match="invalid option"):
+        coerce_option("nonsense", 1)  # the CLI's -o stays strict
 
 
 def test_embeddings_are_normalised(smollm):

@@ -171,7 +171,7 @@ def test_embeddings_native(server):
 # ------------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("body, status, message", [
     ({"model": "nope", "prompt": "hi"}, 404, 'model "nope" not found'),
-    ({"model": STORIES_PATH, "prompt": "hi", "options": {"bogus": 1}}, 400, "invalid option"),
+    ({"model": STORIES_PATH, "prompt": "hi", "options": {"num_ctx": [1]}}, 400, "num_ctx"),
     ({"model": STORIES_PATH, "prompt": "hi", "options": {"temperature": "hot"}}, 400, "temperature"),
     ({"model": STORIES_PATH, "prompt": 5}, 400, "prompt"),
     ({"model": STORIES_PATH, "prompt": "hi", "format": "xml"}, 400, "format"),
