@@ -343,3 +343,18 @@ def test_old_engine_greedy_matches_llama_cpp_sampler_chain(penalties):
         assert greedy == chain and len(greedy) > 100
     finally:
         r.close()
+
+
+def test_an_embedding_leaves_a_warm_chat_slot_alone_while_another_is_free(engine):
+    """Two slots: a chat warms one, an embedding comes, the next turn still finds its cache."""
+    r = load(None, engine, num_parallel=2)
+    try:
+        msgs = [Message("user", "What is the capital of France?")]
+        a1, f1 = chat(r, msgs, num_predict=8)
+        # the template's opening tokens too: a longest-prefix choice would pick the chat's slot
+        r.embed([r.render_chat(msgs), "a dog barked"])
+        msgs += [Message("assistant", a1), Message("user", "And of Italy?")]
+        _, f2 = chat(r, msgs, num_predict=8)
+        assert f2.metrics.prompt_cached_count >= f1.metrics.prompt_eval_count
+    finally:
+        r.close()
