@@ -131,6 +131,12 @@ class InputCache:
             log.debug("evicting cache slot %d (%d tokens)", slot.id, len(slot.inputs))
         return slot
 
+    def claim_scratch(self) -> Slot:
+        """Claim the least valuable free slot, emptied, for work that keeps nothing in it (an
+        embedding job's lanes use its share of the KV memory); give it back with :meth:`release`."""
+        slot, _ = self.load_slot([], cache_prompt=False)
+        return slot
+
     def load_slot(self, prompt: list[int], cache_prompt: bool = True) -> tuple[Slot, list[int]]:
         """Claim a slot for ``prompt``; return it and the tokens still to evaluate (all of them
         when ``cache_prompt`` is off, and never none)."""
