@@ -2,14 +2,14 @@
 
 An ``embed`` call becomes one :class:`EmbedJob`. The loop gives it a sequence entry like a chat,
 and on its turns :func:`step` packs the job's inputs into one decode: every input that fits in
-the batch (``num_batch`` tokens) and in the job's room (``num_ctx`` cells) starts in a lane of its
-own, positions from 0, so attention never crosses between inputs; an input longer than the
-batch keeps its lane over several turns. When an input is complete its token rows are averaged
+the batch (:func:`batch_size` tokens) and in the job's room (``num_ctx`` cells) starts in a lane
+of its own, positions from 0, so attention never crosses between inputs; an input longer than
+the batch keeps its lane over several turns. When an input is complete its token rows are averaged
 and L2-normalised, and its lane is forgotten.
 
 Evaluating the inputs one sequence at a time cost a whole forward pass per input (weights read,
 threads synchronised) however short the input: 200 one-token inputs took 200 decodes. Packed,
-they take one. The engine supplies the lanes (:class:`EmbedLanes`): llama.cpp needs a context
+they take four (64 lanes a decode). The engine supplies the lanes (:class:`EmbedLanes`): llama.cpp needs a context
 of its own with one sequence per lane (its slots each own one KV stream), our engine uses spare
 sequence ids in its own cell pool.
 """
@@ -29,13 +29,17 @@ from .inputcache import InputCache, Slot
 
 #: inputs one embedding decode carries at most (llama.cpp allows up to 256 sequences a context)
 MAX_LANES = 64
+#: tokens one embedding decode carries at most. On a CPU a token costs about the same in a batch
+#: of 128 as in one of 512, and the loop checks for cancellation (and lets chats take their
+#: turn) between decodes: a 512-token decode of SmolLM2 takes seconds on a busy machine.
+MAX_BATCH = 128
 
 
 class EmbedLanes(Protocol):
     """Where the batch loop evaluates embedding inputs, several per decode.
 
     A lane is one KV sequence holding one input, at positions 0..n-1. The loop adds tokens for
-    up to :attr:`max_lanes` lanes to a batch of at most ``num_batch`` tokens, decodes it, reads
+    up to :attr:`max_lanes` lanes to a batch of at most :func:`batch_size` tokens, decodes it, reads
     every token's output row, and forgets a lane once its input is done. All the lanes of one
     job hold at most ``num_ctx`` cells at a time.
     """
@@ -102,11 +106,17 @@ class EmbedJob:
         return self.next == len(self.inputs) and not self.lanes
 
 
+def batch_size(num_batch: int) -> int:
+    """Tokens in one embedding decode."""
+    return max(1, min(num_batch, MAX_BATCH))
+
+
 def step(job: EmbedJob, lanes: EmbedLanes, num_batch: int, num_ctx: int) -> None:
-    """One decode for ``job``: continue its open lanes, start new ones while the batch, the lanes
-    and the job's room allow, then average the inputs that are complete."""
+    """One decode for ``job``: continue its open lanes, start new ones while the batch
+    (:func:`batch_size` tokens), the lanes and the job's room allow, then average the inputs
+    that are complete."""
     lanes.begin()
-    room = num_batch
+    room = batch_size(num_batch)
     added: list[tuple[_Lane, int, int]] = []  # lane, first row, count
     for lane in job.lanes.values():  # long inputs first: their cells are already spent
         take = min(len(lane.tokens) - lane.done, room)

@@ -5,7 +5,7 @@ sequence, so its slots cannot evaluate several independent inputs in one decode.
 can: one unified KV buffer of ``num_ctx`` cells (a job's room) shared by up to ``max_lanes``
 sequences, with outputs for every token. It is made at the first embedding, with the main
 context's threads, flash attention and KV type, and costs about one slot's KV cache plus a
-compute buffer for ``num_batch`` tokens.
+compute buffer for one embedding batch (128 tokens: ~25 MiB for SmolLM2).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import llama_cpp as L
 import numpy as np
 
 from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
-from ..embedding import MAX_LANES
+from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
 from ..sample.grammar import format_to_gbnf
@@ -239,9 +239,9 @@ class LlamaRunner(BatchRunner):
 
     def _engine_embed_lanes(self) -> EmbedContext:
         if self._embed is None:
-            self._embed = EmbedContext(self._model, self._cparams, _Batch(self.num_batch), num_ctx=self.num_ctx,
-                                       num_batch=self.num_batch, max_lanes=min(MAX_LANES, self.num_batch),
-                                       n_embd=self._n_embd)
+            n = batch_size(self.num_batch)
+            self._embed = EmbedContext(self._model, self._cparams, _Batch(n), num_ctx=self.num_ctx, num_batch=n,
+                                       max_lanes=min(MAX_LANES, n), n_embd=self._n_embd)
         return self._embed
 
     def _engine_logits(self, seq: Sequence) -> np.ndarray:

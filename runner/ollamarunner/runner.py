@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import config as _config
 from ..api import InvalidModel, LoadError, ModelInfo
-from ..embedding import MAX_LANES
+from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache, Slot
 from ..kvcache import NotSupported
@@ -141,7 +141,7 @@ class OllamaRunner(BatchRunner):
         self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
         self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
-        self._lanes = _Lanes(self._model, self.cache.kv, num_parallel, min(MAX_LANES, num_batch))
+        self._lanes = _Lanes(self._model, self.cache.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
         self._rows: dict[int, int] = {}
         self._out: np.ndarray | None = None
         bos = self._tok.token_text(self._tok.bos_id) if self._tok.bos_id is not None and self._tok.bos_id >= 0 else ""

@@ -26,6 +26,7 @@ from runner import config as _config
 from runner.api import PollamaError
 
 from . import ollama_api, openai_api
+from .disconnect import TrackClient
 from .http import JSON, ServerMiddleware, error_body, status_of
 from .scheduler import Scheduler
 from .service import Service
@@ -85,6 +86,7 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
 
     app.include_router(ollama_api.router)
     app.include_router(openai_api.router)
+    app.add_middleware(TrackClient)  # inside ServerMiddleware: lets a JSON handler see its client leave
     app.add_middleware(ServerMiddleware)
     return app
 
