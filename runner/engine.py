@@ -189,12 +189,17 @@ class BatchRunner:
         if self._closed:
             raise LoadError("the model was unloaded")
 
-    def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True) -> str:
+    def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True,
+                    cancel: threading.Event | None = None) -> str:
+        """The prompt for ``messages``: the model's template (or ``template``) within one render
+        budget for all the renders history truncation takes; ``cancel`` stops it."""
         bos, eos = self.special_tokens
         source = template if template is not None else self.info.chat_template
+        budget = _prompt.RenderBudget(cancel=cancel)
 
         def render(msgs):
-            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos)
+            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
+                                  budget=budget)
 
         return _prompt.chat_prompt(
             messages, render, lambda s: len(self.tokenize(s)), self.num_ctx, truncate
@@ -226,7 +231,7 @@ class BatchRunner:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            text = self.render_chat(messages, request.template, truncate=request.truncate)
+            text = self.render_chat(messages, request.template, truncate=request.truncate, cancel=request.cancel)
             return self._new_sequence(self.tokenize(text), request, t0)
         text = request.prompt
         if not request.raw:
@@ -234,7 +239,7 @@ class BatchRunner:
             if request.system:
                 messages.append(Message("system", request.system))
             messages.append(Message("user", request.prompt))
-            text = self.render_chat(messages, request.template, truncate=False)
+            text = self.render_chat(messages, request.template, truncate=False, cancel=request.cancel)
         if request.context:
             text = self.detokenize(list(request.context)) + text
         return self._new_sequence(self.tokenize(text), request, t0)

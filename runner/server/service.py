@@ -167,6 +167,9 @@ class Service:
             def begin(deliver: Callable[[Any], None]) -> None:
                 try:
                     runner.submit(request, chat, deliver)
+                except Cancelled:  # the client left (or the server stops) while its prompt rendered
+                    log.info("template rendering cancelled: the request was cancelled")
+                    raise
                 except PollamaError:
                     raise
                 except Exception as err:
