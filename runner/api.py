@@ -50,6 +50,12 @@ class ServerBusy(PollamaError):
     status = 503
 
 
+class Cancelled(PollamaError):
+    """The caller cancelled the request (its client left, or the server is shutting down)."""
+
+    status = 499
+
+
 class LoadError(PollamaError):
     """The model could not be loaded (memory, backend failure)."""
 
@@ -283,8 +289,11 @@ class Runner(Protocol):
         here; then the runner's thread calls ``deliver`` with each chunk, ending with a done chunk
         or an error. ``deliver`` must return at once."""
 
-    def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
-        """Mean-pooled, L2-normalised embeddings of each text."""
+    def embed(self, texts: list[str], truncate: bool = True,
+              cancel: threading.Event | None = None) -> Embedding:
+        """Mean-pooled, L2-normalised embeddings of each text. Setting ``cancel`` (from any
+        thread) stops the work at the next batch: the call raises :class:`Cancelled` and the
+        inputs not yet evaluated never are."""
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         ...

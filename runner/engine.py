@@ -5,7 +5,8 @@ token pieces, adding tokens to a batch, decoding it, sampling — and its :class
 module owns the Go runner's loop (reference §1.5, §1.6, §2.9): slots are claimed for waiting
 sequences, each batch takes inputs from every live sequence (round robin), a full slot is shifted,
 and each sampled token goes through EOS / stop / UTF-8 / num_predict handling before it is
-streamed.
+streamed. An ``embed`` call is one entry too (:class:`runner.embedding.EmbedJob`): token batches
+and its embedding batches take turns.
 
 Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
 to the waiting queue (under ``_lock``) and receive their sequence's output: from a queue they
@@ -26,8 +27,10 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import embedding as _embedding
 from . import prompt as _prompt
 from .api import (
+    Cancelled,
     Chunk,
     DoneReason,
     Embedding,
@@ -41,6 +44,7 @@ from .api import (
     Request,
     TokenLogprob,
 )
+from .embedding import EmbedJob, EmbedLanes
 from .inputcache import InputCache, ReprocessInputs, Slot
 from .text import (
     contains_stop_suffix,
@@ -65,7 +69,6 @@ class Sequence:
     num_keep: int
     num_predict: int
     stops: list[bytes]
-    embedding: bool = False
     t_request: int = field(default_factory=_now)
     out: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item); see submit()
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -80,9 +83,7 @@ class Sequence:
     cached: int = 0
     evaluated: int = 0
     batch_index: int = -1  # row of the last input in the current batch (its logits)
-    batch_first: int = -1  # row of the first input (embeddings)
     sampler: Any = None
-    embedding_sum: np.ndarray | None = None
     t_start: int = 0
     t_first: int = 0
     t_last: int = 0
@@ -118,8 +119,8 @@ class BatchRunner:
         self.load_duration = 0  # ns, set by load()
         self.cache: InputCache  # set by the subclass once its KV memory exists
         self._lock = threading.Condition()
-        self._waiting: collections.deque[Sequence] = collections.deque()
-        self._seqs: list[Sequence | None] = [None] * num_parallel
+        self._waiting: collections.deque[Sequence | EmbedJob] = collections.deque()
+        self._seqs: list[Sequence | EmbedJob | None] = [None] * num_parallel
         self._next_seq = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"runner:{info.name}", daemon=True)
@@ -147,12 +148,16 @@ class BatchRunner:
     def _engine_batch_begin(self) -> None:
         raise NotImplementedError
 
-    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int, all_outputs: bool) -> int:
-        """Append ``tokens`` at positions pos.. of ``seq_id``; the last one (or all, for
-        embeddings) produces output. Returns the batch row of the first token."""
+    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
+        """Append ``tokens`` at positions pos.. of ``seq_id``; the last one produces logits.
+        Returns the batch row of the first token."""
         raise NotImplementedError
 
-    def _engine_decode(self, embeddings: bool) -> None:
+    def _engine_decode(self) -> None:
+        raise NotImplementedError
+
+    def _engine_embed_lanes(self) -> EmbedLanes:
+        """Where embedding inputs are evaluated (made on first use, on the loop thread)."""
         raise NotImplementedError
 
     def _engine_new_sampler(self, seq: Sequence) -> Any:
@@ -165,9 +170,6 @@ class BatchRunner:
         raise NotImplementedError
 
     def _engine_logits(self, seq: Sequence) -> np.ndarray:
-        raise NotImplementedError
-
-    def _engine_embeddings(self, first: int, count: int) -> np.ndarray:
         raise NotImplementedError
 
     def _engine_close(self) -> None:
@@ -187,12 +189,17 @@ class BatchRunner:
         if self._closed:
             raise LoadError("the model was unloaded")
 
-    def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True) -> str:
+    def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True,
+                    cancel: threading.Event | None = None) -> str:
+        """The prompt for ``messages``: the model's template (or ``template``) within one render
+        budget for all the renders history truncation takes; ``cancel`` stops it."""
         bos, eos = self.special_tokens
         source = template if template is not None else self.info.chat_template
+        budget = _prompt.RenderBudget(cancel=cancel)
 
         def render(msgs):
-            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos)
+            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
+                                  budget=budget)
 
         return _prompt.chat_prompt(
             messages, render, lambda s: len(self.tokenize(s)), self.num_ctx, truncate
@@ -224,7 +231,7 @@ class BatchRunner:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            text = self.render_chat(messages, request.template, truncate=request.truncate)
+            text = self.render_chat(messages, request.template, truncate=request.truncate, cancel=request.cancel)
             return self._new_sequence(self.tokenize(text), request, t0)
         text = request.prompt
         if not request.raw:
@@ -232,14 +239,15 @@ class BatchRunner:
             if request.system:
                 messages.append(Message("system", request.system))
             messages.append(Message("user", request.prompt))
-            text = self.render_chat(messages, request.template, truncate=False)
+            text = self.render_chat(messages, request.template, truncate=False, cancel=request.cancel)
         if request.context:
             text = self.detokenize(list(request.context)) + text
         return self._new_sequence(self.tokenize(text), request, t0)
 
-    def embed(self, texts: list[str], truncate: bool = True) -> Embedding:
+    def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
+        """All of ``texts`` go to the loop as one job, evaluated several per decode."""
         self._check_open()
-        vectors, count = [], 0
+        inputs = []
         for text in texts:
             tokens = self.tokenize(text)
             if not tokens:
@@ -250,12 +258,18 @@ class BatchRunner:
                         f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
                     )
                 tokens = tokens[: self.num_ctx]
-            seq = Sequence(Request(), tokens, num_keep=0, num_predict=0, stops=[], embedding=True)
-            for item in self._stream(seq):
-                if isinstance(item, np.ndarray):
-                    vectors.append(item.tolist())
-            count += len(tokens)
-        return Embedding(vectors, count)
+            inputs.append(tokens)
+        if not inputs:
+            return Embedding([], 0)
+        job = EmbedJob(inputs, cancel if cancel is not None else threading.Event())
+        self._enqueue(job)
+        try:
+            result = job.out.get()
+        finally:
+            job.abandoned.set()  # a caller interrupted while it waits ends the job at the next batch
+        if isinstance(result, BaseException):
+            raise result
+        return Embedding([vector.tolist() for vector in result], sum(len(t) for t in inputs))
 
     def pending(self) -> int:
         """Sequences waiting for a slot plus sequences running."""
@@ -300,7 +314,7 @@ class BatchRunner:
         stops = [s.encode("utf-8") for s in opts.stop if s]
         return Sequence(request, tokens, num_keep, num_predict, stops, t_request=t0)
 
-    def _enqueue(self, seq: Sequence) -> None:
+    def _enqueue(self, seq: Sequence | EmbedJob) -> None:
         with self._lock:
             if self._closed:
                 raise LoadError("the model was unloaded")
@@ -315,7 +329,7 @@ class BatchRunner:
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                if isinstance(item, np.ndarray) or (isinstance(item, Chunk) and item.done):
+                if item.done:
                     return
         finally:
             seq.cancelled.set()
@@ -339,7 +353,9 @@ class BatchRunner:
                 log.exception("batch failed")
                 failure = err if isinstance(err, PollamaError) else LoadError(f"model runner error: {err}")
                 for i, seq in enumerate(self._seqs):
-                    if seq is not None:
+                    if isinstance(seq, EmbedJob):
+                        self._end_embedding(i, seq, failure)
+                    elif seq is not None:
                         seq.out.put(failure)
                         self._release(i, seq)
 
@@ -352,19 +368,24 @@ class BatchRunner:
         if any(seq.is_cancelled() for seq in self._waiting):
             for seq in [seq for seq in self._waiting if seq.is_cancelled()]:
                 self._waiting.remove(seq)
+                if isinstance(seq, EmbedJob):
+                    seq.out.put(Cancelled("the embedding request was cancelled"))
+                    continue
                 seq.out.put(Chunk(done=True, done_reason=DoneReason.CONNECTION_CLOSED,
                                   metrics=Metrics(total_duration=_now() - seq.t_request)))
         while self._waiting and None in self._seqs:
             seq = self._waiting.popleft()
             i = self._seqs.index(None)
+            if isinstance(seq, EmbedJob):
+                self._admit_embedding(i, seq)
+                continue
             try:
-                sampler = None if seq.embedding else self._engine_new_sampler(seq)
+                sampler = self._engine_new_sampler(seq)
             except Exception as err:  # e.g. a format that does not compile: fail this request only
                 log.debug("cannot start sequence: %s", err)
                 seq.out.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
                 continue
-            cache_prompt = seq.request.cache_prompt and not seq.embedding
-            slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=cache_prompt)
+            slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=seq.request.cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
             seq.cached = len(seq.prompt) - len(remaining)
             seq.evaluated = len(remaining)
@@ -376,42 +397,45 @@ class BatchRunner:
             )
 
     def _process_batch(self) -> None:
+        n = self.num_parallel
+        order = [(self._next_seq + k) % n for k in range(n)]
+        self._next_seq = (self._next_seq + 1) % n
+        for i in order:
+            entry = self._seqs[i]
+            if entry is not None and entry.is_cancelled():
+                if isinstance(entry, EmbedJob):
+                    self._end_embedding(i, entry, None)
+                else:
+                    self._finish(i, entry, DoneReason.CONNECTION_CLOSED)
+        # Token and embedding batches take turns: the first live entry in round-robin order
+        # picks this batch's kind (an embedding batch is one job's).
+        first = next((i for i in order if self._seqs[i] is not None), None)
+        if first is None:
+            return
+        job = self._seqs[first]
+        if isinstance(job, EmbedJob):
+            self._embedding_step(first, job)
+            return
         self._engine_batch_begin()
         in_batch: list[tuple[int, Sequence]] = []
         total = 0
-        n = self.num_parallel
-        order = [(self._next_seq + k) % n for k in range(n)]
-        # Token and embedding batches alternate: the first live sequence in round-robin order
-        # picks this batch's kind, whatever order the sequences then go into the batch.
-        embedding_batch = next((self._seqs[i].embedding for i in order
-                                if self._seqs[i] is not None and not self._seqs[i].is_cancelled()), None)
         if self.batch_in_slot_order:
-            order.sort(key=lambda i: self._seqs[i].slot.id if self._seqs[i] is not None else n)
+            order.sort(key=lambda i: self._seqs[i].slot.id if isinstance(self._seqs[i], Sequence) else n)
         for i in order:
             seq = self._seqs[i]
-            if seq is None:
-                continue
-            if seq.is_cancelled():
-                self._finish(i, seq, DoneReason.CONNECTION_CLOSED)
-                continue
-            if seq.embedding != embedding_batch:
+            if not isinstance(seq, Sequence):
                 continue
             added = self._fill(i, seq, total)
             if added:
                 total += added
                 in_batch.append((i, seq))
-        self._next_seq = (self._next_seq + 1) % n
         if not in_batch:
             return
-        self._engine_decode(bool(embedding_batch))
+        self._engine_decode()
         for i, seq in in_batch:
             assert seq.slot is not None
-            decoded = len(seq.pending_inputs)
             seq.slot.inputs.extend(seq.pending_inputs)
             seq.pending_inputs = []
-            if seq.embedding:
-                self._accumulate_embedding(i, seq, decoded)
-                continue
             if seq.inputs:
                 continue  # still evaluating the prompt
             token = self._engine_sample(seq)
@@ -427,7 +451,7 @@ class BatchRunner:
             if room < 1:
                 if seq.pending_inputs:
                     break
-                if not seq.request.shift or seq.embedding:
+                if not seq.request.shift:
                     self._finish(i, seq, DoneReason.LENGTH)
                     return 0
                 try:
@@ -442,9 +466,7 @@ class BatchRunner:
             tokens = seq.inputs[:take]
             seq.inputs = seq.inputs[take:]
             last_out = not seq.inputs
-            first = self._engine_batch_add(tokens, used, seq.slot.id, seq.embedding)
-            if not seq.pending_inputs:
-                seq.batch_first = first
+            first = self._engine_batch_add(tokens, used, seq.slot.id)
             seq.batch_index = first + take - 1
             seq.pending_inputs.extend(tokens)
             added += take
@@ -531,6 +553,7 @@ class BatchRunner:
         seq.out.put(final)
 
     def _release(self, i: int, seq: Sequence) -> None:
+        """Free a token sequence's entry, sampler and slot."""
         if seq.sampler is not None:
             self._engine_free_sampler(seq.sampler)
             seq.sampler = None
@@ -540,20 +563,28 @@ class BatchRunner:
             self.cache.release(seq.slot)
         self._seqs[i] = None
 
-    def _accumulate_embedding(self, i: int, seq: Sequence, count: int) -> None:
-        rows = self._engine_embeddings(seq.batch_first, count)
-        total = rows.sum(axis=0, dtype=np.float64)
-        seq.embedding_sum = total if seq.embedding_sum is None else seq.embedding_sum + total
-        seq.batch_first = -1
-        if seq.inputs:
+    # -------------------------------------------------------------------------- embeddings
+    def _admit_embedding(self, i: int, job: EmbedJob) -> None:
+        """Give ``job`` sequence entry ``i`` and the room its lanes need (lock held)."""
+        try:
+            job.slot = self._engine_embed_lanes().reserve(self.cache)
+        except Exception as err:  # no memory for the lanes: fail this request only
+            log.warning("cannot start an embedding: %s", err)
+            job.out.put(err if isinstance(err, PollamaError) else LoadError(f"cannot evaluate embeddings: {err}"))
             return
-        mean = seq.embedding_sum / len(seq.prompt)
-        norm = float(np.linalg.norm(mean))
-        assert seq.slot is not None
-        seq.slot.inputs = []  # embedding batches write the slot: it no longer holds a prompt
-        self.cache.kv.seq_rm(seq.slot.id, 0, None)
-        self._release(i, seq)
-        if not np.isfinite(norm):
-            seq.out.put(LoadError("embedding contains NaN or Inf values"))
-        else:
-            seq.out.put((mean / norm if norm > 0 else mean).astype(np.float32))
+        self._seqs[i] = job
+        log.debug("embedding: %d inputs, %d tokens", len(job.inputs), sum(len(t) for t in job.inputs))
+
+    def _embedding_step(self, i: int, job: EmbedJob) -> None:
+        try:
+            _embedding.step(job, self._engine_embed_lanes(), self.num_batch, self.num_ctx)
+        except Exception as err:  # a failed embedding batch fails its own request only
+            log.exception("embedding batch failed")
+            self._end_embedding(i, job, err if isinstance(err, PollamaError) else LoadError(f"model runner error: {err}"))
+            return
+        if job.finished:
+            self._end_embedding(i, job, None)
+
+    def _end_embedding(self, i: int, job: EmbedJob, error: PollamaError | None) -> None:
+        _embedding.end(job, self._engine_embed_lanes(), self.cache, error)
+        self._seqs[i] = None

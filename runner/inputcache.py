@@ -119,14 +119,33 @@ class InputCache:
             self.kv.seq_cp(longest_slot.id, oldest_slot.id, longest)
         return oldest_slot, longest
 
+    def find_scratch_slot(self) -> Slot:
+        """For a prompt that reuses nothing (embeddings, ``cache_prompt`` off): the least valuable
+        free slot, so no warm conversation is evicted while an empty slot is free. An empty slot
+        first, then the least recently used; ties go to the lowest id."""
+        free = [slot for slot in self.slots if not slot.in_use]
+        if not free:
+            raise NoSlotAvailable("no available cache slots")
+        slot = min(free, key=lambda s: (len(s.inputs) > 0, s.last_used if s.inputs else 0.0, s.id))
+        if slot.inputs:
+            log.debug("evicting cache slot %d (%d tokens)", slot.id, len(slot.inputs))
+        return slot
+
+    def claim_scratch(self) -> Slot:
+        """Claim the least valuable free slot, emptied, for work that keeps nothing in it (an
+        embedding job's lanes use its share of the KV memory); give it back with :meth:`release`."""
+        slot, _ = self.load_slot([], cache_prompt=False)
+        return slot
+
     def load_slot(self, prompt: list[int], cache_prompt: bool = True) -> tuple[Slot, list[int]]:
-        """Claim a slot for ``prompt``; return it and the tokens still to evaluate (never none)."""
-        if self.multi_user:
+        """Claim a slot for ``prompt``; return it and the tokens still to evaluate (all of them
+        when ``cache_prompt`` is off, and never none)."""
+        if not cache_prompt:
+            slot, num_past = self.find_scratch_slot(), 0
+        elif self.multi_user:
             slot, num_past = self.find_best_slot(prompt)
         else:
             slot, num_past = self.find_longest_slot(prompt)
-        if not cache_prompt:
-            num_past = 0
         slot.in_use = True
         slot.last_used = time.monotonic()
         if num_past == len(prompt) and num_past > 0:

@@ -2,42 +2,22 @@
 
 The rendering must be *prefix-stable*: turn N+1's prompt starts with exactly turn N's prompt plus
 the assistant's answer, so the slot cache hits. Chat templates (ChatML and friends) have that
-property; the plain fallback for models without a template is built to have it too.
+property; the plain fallback for models without a template is built to have it too. Templates
+render in :mod:`runner.sandbox`, within a budget (both a request's template and a GGUF's are
+untrusted).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from datetime import datetime
+import threading
 from typing import Callable, Sequence
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+from . import sandbox
 from .api import InvalidRequest, Message
+from .sandbox import DEFAULT_LIMITS, RenderBudget, RenderLimits
 
-
-def _raise_exception(message: str) -> None:
-    raise InvalidRequest(f"chat template error: {message}")
-
-
-def _tojson(value, indent=None, ensure_ascii=False, sort_keys=False):
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
-
-
-@functools.lru_cache(maxsize=16)
-def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateError as err:
-        raise InvalidRequest(f"invalid chat template: {err}") from None
+__all__ = ["DEFAULT_LIMITS", "RenderBudget", "RenderLimits", "chat_prompt", "render", "render_plain",
+           "render_template"]
 
 
 def render_template(
@@ -47,20 +27,20 @@ def render_template(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    budget: RenderBudget | None = None,
 ) -> str:
-    """Render a Jinja chat template with the globals HF and llama.cpp templates expect."""
-    try:
-        return _compile(source).render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
-            bos_token=bos_token,
-            eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt,
-            tools=None,
-        )
-    except InvalidRequest:
-        raise
-    except Exception as err:  # a template is user data: any failure in it is bad input
-        raise InvalidRequest(f"chat template error: {err}") from None
+    """Render a Jinja chat template with the globals HF and llama.cpp templates expect, within
+    ``budget`` (a fresh one of :data:`DEFAULT_LIMITS` when None). Raises InvalidRequest for a
+    template that fails or overruns, Cancelled when the budget's cancel event is set."""
+    context = {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "add_generation_prompt": add_generation_prompt,
+        "tools": None,
+    }
+    input_chars = len(source) + sum(len(m.content) for m in messages)
+    return sandbox.render(source, budget or RenderBudget(), input_chars, context)
 
 
 def render_plain(messages: Sequence[Message]) -> str:
@@ -84,6 +64,9 @@ def render(
     bos_token: str = "",
     eos_token: str = "",
     tokenizer_adds_bos: bool = False,
+    budget: RenderBudget | None = None,
+    limits: RenderLimits = DEFAULT_LIMITS,
+    cancel: threading.Event | None = None,
 ) -> str:
     """The prompt text for ``messages``. When the tokenizer adds BOS itself
     (``tokenizer_adds_bos``), a BOS the template wrote at the start is dropped so it is not sent
@@ -95,7 +78,8 @@ def render(
         if message.role not in ("system", "user", "assistant", "tool"):
             raise InvalidRequest(f"invalid message role {message.role!r}")
     if template:
-        text = render_template(template, messages, bos_token=bos_token, eos_token=eos_token)
+        budget = budget or RenderBudget(limits, cancel)
+        text = render_template(template, messages, bos_token=bos_token, eos_token=eos_token, budget=budget)
         if tokenizer_adds_bos and bos_token and text.startswith(bos_token):
             text = text[len(bos_token):]
         return text

@@ -164,3 +164,27 @@ def test_shift_slot_num_keep_too_large():
 def test_at_least_one_cell_per_slot():
     with pytest.raises(ValueError, match="at least one kv cache entry"):
         InputCache(RecordingKv(), kv_size=1, num_slots=2, multi_user=False)
+
+
+# A prompt that reuses nothing (embeddings, cache_prompt off) takes the least valuable free slot:
+# an empty one first, else the least recently used; never a warm slot while an empty one is free.
+# (name, slots [(inputs, seconds ago | None=zero time, in_use)], expected slot)
+SCRATCH_CASES = [
+    ("Empty beside warm", [([1, 2, 3], 1, False), ([], None, False)], 1),
+    ("Emptied just now", [([1, 2, 3], 5, False), ([], 0, False)], 1),
+    ("Warm in use", [([1, 2], 1, True), ([7], 1, False), ([], 2, False)], 2),
+    ("Least recently used", [([1, 2, 3], 1, False), ([4, 5], 3, False)], 1),
+]
+
+
+@pytest.mark.parametrize("multi_user", [False, True])
+@pytest.mark.parametrize("name,spec,expected", SCRATCH_CASES, ids=[c[0] for c in SCRATCH_CASES])
+def test_a_prompt_that_reuses_nothing_takes_the_least_valuable_slot(name, spec, expected, multi_user):
+    kv = RecordingKv()
+    cache = make_cache(_slots(spec), multi_user, kv)
+    warm = {s.id: list(s.inputs) for s in cache.slots if s.id != expected}
+    slot, remaining = cache.load_slot([1, 2, 9], cache_prompt=False)
+    assert slot.id == expected and remaining == [1, 2, 9] and slot.inputs == []
+    assert {s.id: s.inputs for s in cache.slots if s.id != expected} == warm  # nothing else evicted
+    assert not any(call[0] == "cp" for call in kv.calls)  # nor forked into the scratch slot
+    assert ("rm", expected, 0, None) in kv.calls

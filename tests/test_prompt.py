@@ -102,3 +102,79 @@ def test_first_prompt_token_is_kept(engine):
         assert final.context[0] == bos[0] and final.context[1] != bos[0]
     finally:
         r.close()
+
+
+# Templates are untrusted (a request's `template`, a GGUF's chat template): each of these would
+# run for minutes or allocate gigabytes unbounded. Rendering stops with one clear error instead.
+LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+HOSTILE = {
+    "nested loops": (LOOP, "time"),
+    "nested loops with output": (LOOP.replace("{% endfor %}{% endfor %}", "x{% endfor %}{% endfor %}"),
+                                 "time|characters"),
+    "exponential macro": ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}",
+                          "time"),
+    "endless recursion": ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursion"),
+    "string repeat": ("{{ 'x' * 10**9 }}", "characters"),
+    "list repeat": ("{{ (range(100000)|list) * 100000 }}", "characters"),
+    "center filter": ("{{ 'x'|center(10**9) }}", "characters"),
+    "center method": ("{{ 'x'.center(10**9) }}", "characters"),
+    "zfill method": ("{{ '1'.zfill(10**9) }}", "characters"),
+    "to_bytes": ("{{ (1).to_bytes(10**9, 'big') }}", "characters"),
+    "indent filter": ("{{ ('a\n' * 1000)|indent(10**6) }}", "characters"),
+    "power": ("{{ 10 ** (10 ** 10) }}", "number"),
+    "squaring": ("{% set ns = namespace(n=7) %}{% for i in range(64) %}{% set ns.n = ns.n * ns.n %}{% endfor %}"
+                 "{{ ns.n }}", "number"),
+    "concat doubling": ("{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                        "{% endfor %}{{ ns.s|length }}", "characters"),
+    "plus doubling": ("{% set ns = namespace(s='xx') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}"
+                      "{% endfor %}{{ ns.s|length }}", "characters"),
+    "list of references": ("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+                           "{% set ns.l = ns.l + ['x' * 100000] %}{% endfor %}{{ ns.l }}", "characters"),
+    "printf width": ("{{ '%0999999999d' % 1 }}", "characters"),
+    "format width": ("{{ '{:>999999999}'.format(1) }}", "characters"),
+    "markup format width": ("{{ ('{:>999999999}'|safe).format(1) }}", "characters"),
+    "format filter width": ("{{ '%999999999s'|format('x') }}", "characters"),
+    "replace": ("{{ ('x' * 100000).replace('', 'yyyyyyyyyy') }}", "characters"),
+    "expandtabs": ("{{ ('\t' * 100000).expandtabs(100000) }}", "characters"),
+    "join of a long list": ("{{ (['x' * 100000] * 9)|join * 9 }}", "characters"),
+    "join of a generator": ("{{ range(100000)|map('center', 1000000)|join }}", "characters"),
+    "method join of a generator": ("{{ ''.join(range(100000)|map('center', 1000000)) }}", "characters"),
+    "quadratic sum": ("{{ (range(100000)|batch(1)|sum(start=[]))|length }}", "time|characters"),
+    "lipsum": ("{{ lipsum(10**6) }}", "lipsum"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_template_is_stopped_with_one_clear_error(name):
+    source, what = HOSTILE[name]
+    limits = prompt.RenderLimits(cpu_seconds=0.5)
+    with pytest.raises(InvalidRequest) as err:
+        prompt.render(source, [Message("user", "hi")], limits=limits)
+    message = str(err.value)
+    assert "\n" not in message and any(w in message for w in what.split("|")), message
+
+
+def test_a_template_render_stops_when_its_request_is_cancelled():
+    import threading
+    import time
+
+    from runner.api import Cancelled
+
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Cancelled):
+        prompt.render(LOOP, [Message("user", "hi")], cancel=cancel, limits=prompt.RenderLimits(cpu_seconds=60))
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_budget_leaves_real_templates_alone():
+    """Large honest inputs render whole: the limits grow with what the template is given."""
+    big = "word " * 400_000  # 2 MB of content
+    text = prompt.render(CHATML, [Message("user", big)] * 3)
+    assert text.count(big) == 3
+    loops = ("{% for m in messages %}{% for i in range(m.content|length) %}{% endfor %}"
+             "{{ m.content|upper|center(40) }}{{ '%05d'|format(loop.index) }}{{ '{:>6}'.format(loop.index) }}"
+             "{% endfor %}{{ messages|tojson(indent=2)|length }}")
+    out = prompt.render(loops, [Message("user", "hello")] * 50)
+    assert out.startswith("                 HELLO                  00001     1")

@@ -22,11 +22,13 @@ import numpy as np
 
 from .. import ggufmeta
 from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
+from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
 from ..sample.grammar import format_to_gbnf
 from ..sample.samplers import Sampler, SamplerOptions
 from .cache import LlamaKv
+from .embed import EmbedContext
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
@@ -198,6 +200,8 @@ class LlamaRunner(BatchRunner):
         self._add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         bos, eos = L.llama_vocab_bos(self._vocab), L.llama_vocab_eos(self._vocab)
         self._special = (self._token_text(bos), self._token_text(eos))
+        self._cparams = cparams  # the embedding context copies its threads, attention and KV type
+        self._embed: EmbedContext | None = None
 
     # ----------------------------------------------------------------------------- vocab
     def _token_text(self, token: int) -> str:
@@ -246,27 +250,21 @@ class LlamaRunner(BatchRunner):
     def _engine_batch_begin(self) -> None:
         self._batch.n = 0
 
-    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int, all_outputs: bool) -> int:
-        return self._batch.add(tokens, pos, seq_id, all_outputs)
+    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
+        return self._batch.add(tokens, pos, seq_id, False)
 
-    def _engine_decode(self, embeddings: bool) -> None:
+    def _engine_decode(self) -> None:
         self._batch.struct.n_tokens = self._batch.n
-        if embeddings:
-            L.llama_set_embeddings(self._ctx, True)
-        try:
-            rc = L.llama_decode(self._ctx, self._batch.struct)
-        finally:
-            if embeddings:
-                L.llama_set_embeddings(self._ctx, False)
+        rc = L.llama_decode(self._ctx, self._batch.struct)
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
 
-    def _engine_embeddings(self, first: int, count: int) -> np.ndarray:
-        rows = np.empty((count, self._n_embd), dtype=np.float32)
-        for k in range(count):
-            ptr = L.llama_get_embeddings_ith(self._ctx, first + k)
-            rows[k] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,))
-        return rows
+    def _engine_embed_lanes(self) -> EmbedContext:
+        if self._embed is None:
+            n = batch_size(self.num_batch)
+            self._embed = EmbedContext(self._model, self._cparams, _Batch(n), num_ctx=self.num_ctx, num_batch=n,
+                                       max_lanes=min(MAX_LANES, n), n_embd=self._n_embd)
+        return self._embed
 
     def _engine_logits(self, seq: Sequence) -> np.ndarray:
         ptr = L.llama_get_logits_ith(self._ctx, seq.batch_index)
@@ -330,6 +328,9 @@ class LlamaRunner(BatchRunner):
         return int(L.llama_sampler_sample(seq.sampler, self._ctx, seq.batch_index))
 
     def _engine_close(self) -> None:
+        if self._embed is not None:
+            self._embed.close()
+            self._embed = None
         if getattr(self, "_ctx", None):
             L.llama_free(self._ctx)
             self._ctx = None

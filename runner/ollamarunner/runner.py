@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from ..api import InvalidModel, LoadError, ModelInfo
+from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
-from ..inputcache import InputCache
+from ..inputcache import InputCache, Slot
 from ..kvcache import NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
@@ -52,6 +53,50 @@ class CacheKv:
 
     def can_resume(self, seq: int, pos: int) -> bool:
         return self.cache.can_resume(seq, pos)
+
+
+class _Lanes:
+    """:class:`runner.embedding.EmbedLanes` in our own cell pool: lane ``k`` is sequence
+    ``num_parallel + k``, beside the slots' sequences. A job first takes the least valuable
+    slot and empties it, so its lanes find that slot's share (``num_ctx`` cells) free."""
+
+    def __init__(self, model: Any, kv: CacheKv, num_parallel: int, max_lanes: int) -> None:
+        self.max_lanes = max_lanes
+        self._model, self._kv, self._first = model, kv, num_parallel
+        self._tokens: list[int] = []
+        self._positions: list[int] = []
+        self._seqs: list[int] = []
+        self._out: np.ndarray | None = None
+
+    def reserve(self, cache: InputCache) -> Slot | None:
+        return cache.claim_scratch()
+
+    def seq(self, lane: int) -> int:
+        return self._first + lane
+
+    def begin(self) -> None:
+        self._tokens, self._positions, self._seqs = [], [], []
+
+    def add(self, tokens: list[int], pos: int, seq: int) -> int:
+        first = len(self._tokens)
+        self._tokens.extend(tokens)
+        self._positions.extend(range(pos, pos + len(tokens)))
+        self._seqs.extend([seq] * len(tokens))
+        return first
+
+    def decode(self) -> None:
+        outputs = list(range(len(self._tokens)))
+        try:
+            self._out = self._model.compute(Batch(self._tokens, self._positions, self._seqs, outputs, embeddings=True))
+        except Exception as err:
+            raise LoadError(f"forward pass failed: {err}") from err
+
+    def rows(self, first: int, count: int) -> np.ndarray:
+        assert self._out is not None
+        return self._out[first : first + count].copy()
+
+    def forget(self, seq: int) -> None:
+        self._kv.seq_rm(seq, 0, None)
 
 
 class _SeqSampler:
@@ -92,7 +137,7 @@ class OllamaRunner(BatchRunner):
         self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
         self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
-        self._all_outputs = False
+        self._lanes = _Lanes(self._model, self.cache.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
         self._rows: dict[int, int] = {}
         self._out: np.ndarray | None = None
         bos = self._tok.token_text(self._tok.bos_id) if self._tok.bos_id is not None and self._tok.bos_id >= 0 else ""
@@ -121,24 +166,20 @@ class OllamaRunner(BatchRunner):
     # ----------------------------------------------------------------------------- batch
     def _engine_batch_begin(self) -> None:
         self._batch = ([], [], [], [])
-        self._all_outputs = False
 
-    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int, all_outputs: bool) -> int:
+    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
         toks, positions, seqs, outputs = self._batch
         first = len(toks)
         toks.extend(tokens)
         positions.extend(range(pos, pos + len(tokens)))
         seqs.extend([seq_id] * len(tokens))
-        if all_outputs:
-            outputs.extend(range(first, first + len(tokens)))
-        else:
-            outputs.append(first + len(tokens) - 1)
+        outputs.append(first + len(tokens) - 1)
         return first
 
-    def _engine_decode(self, embeddings: bool) -> None:
+    def _engine_decode(self) -> None:
         toks, positions, seqs, outputs = self._batch
         try:
-            out = self._model.compute(Batch(toks, positions, seqs, outputs, embeddings=embeddings))
+            out = self._model.compute(Batch(toks, positions, seqs, outputs))
         except Exception as err:
             raise LoadError(f"forward pass failed: {err}") from err
         self._out = out
@@ -148,10 +189,8 @@ class OllamaRunner(BatchRunner):
         assert self._out is not None
         return self._out[self._rows[seq.batch_index]].copy()
 
-    def _engine_embeddings(self, first: int, count: int) -> np.ndarray:
-        assert self._out is not None
-        start = self._rows[first]
-        return self._out[start : start + count].copy()
+    def _engine_embed_lanes(self) -> _Lanes:
+        return self._lanes
 
     # --------------------------------------------------------------------------- sampling
     def _engine_new_sampler(self, seq: Sequence) -> Any:

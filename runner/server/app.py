@@ -32,6 +32,7 @@ from runner import config as _config
 from runner.api import PollamaError
 
 from . import ollama_api, openai_api
+from .disconnect import TrackClient
 from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
 from .middleware import GuardMiddleware, Hosts, Origins
 from .protocol import Protocol
@@ -97,6 +98,7 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
     app.include_router(openai_api.router)
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(GuardMiddleware, origins=Origins.of(cfg.origins), hosts=Hosts.of(cfg.host))
+    app.add_middleware(TrackClient)  # lets a JSON handler see its client leave (disconnect.py)
     app.add_middleware(ServerMiddleware)  # the last added is the outermost
     return app
 

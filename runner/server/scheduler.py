@@ -17,12 +17,13 @@ more unloads the least recently used idle one (waiting for one to go idle when n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 
 import runner as _runner
 from runner import config as _config
@@ -200,6 +201,7 @@ class Scheduler:
         self._changed = asyncio.Event()  # replaced after each set: "refs or loaded models changed"
         self._loading_waiters = 0
         self._jobs: set[Job] = set()
+        self._cancels: set[threading.Event] = set()  # blocking runner calls that shutdown must stop
         self._inbox: Inbox | None = None  # made on first use, on the serving event loop
         self._closing_tasks: set[asyncio.Future] = set()
         self._infos: dict[str, _InfoEntry] = {}
@@ -422,12 +424,26 @@ class Scheduler:
             self._jobs.discard(job)
         self._jobs = {j for j in self._jobs if not j.finished.is_set()}
 
+    @contextlib.contextmanager
+    def cancellable(self, cancel: threading.Event) -> Iterator[threading.Event]:
+        """While inside, a shutdown sets ``cancel`` (a blocking runner call such as ``embed``
+        watches it); set at once when the server is already shutting down."""
+        self._cancels.add(cancel)
+        if self.closing:
+            cancel.set()
+        try:
+            yield cancel
+        finally:
+            self._cancels.discard(cancel)
+
     def cancel_all(self) -> None:
         """Shutdown, step 1 (from the signal handler, via the loop): refuse new requests and end
-        every running stream."""
+        every running stream and blocking runner call."""
         self.closing = True
         for job in list(self._jobs):
             job.cancel()
+        for cancel in list(self._cancels):
+            cancel.set()
         self._notify()
 
     async def close(self, grace: float = 10.0) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Mapping
@@ -17,6 +18,7 @@ import runner as _runner
 from runner import config as _config
 from runner import store
 from runner.api import (
+    Cancelled,
     Chunk,
     DoneReason,
     InvalidRequest,
@@ -27,7 +29,8 @@ from runner.api import (
     TokenLogprob,
 )
 
-from .scheduler import LoadedModel, Scheduler, resolve
+from .disconnect import client_gone
+from .scheduler import LoadedModel, Scheduler, ShuttingDown, in_thread, resolve
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +150,9 @@ class Service:
             def begin(deliver: Callable[[Any], None]) -> None:
                 try:
                     runner.submit(request, chat, deliver)
+                except Cancelled:  # the client left (or the server stops) while its prompt rendered
+                    log.info("template rendering cancelled: the request was cancelled")
+                    raise
                 except PollamaError:
                     raise
                 except Exception as err:
@@ -175,9 +181,11 @@ class Service:
 
     async def embed(self, name: str, texts: list[str], truncate: bool, raw_options: Mapping[str, Any] | None,
                     keep_alive: float | None, t0: int) -> tuple[list[list[float]], int, int]:
-        """(vectors, prompt tokens, load duration ns). An empty ``texts`` only loads the model."""
-        from .scheduler import in_thread
+        """(vectors, prompt tokens, load duration ns). An empty ``texts`` only loads the model.
 
+        The work stops at the runner's next batch when the client disconnects (the inputs not
+        yet evaluated never are) or the server shuts down; the model stays in use until the
+        runner has let go of it, so keep-alive and eviction see the truth."""
         stored = self.resolve(name)
         opts = build_options(stored, raw_options)
         model = await self.scheduler.acquire(name, opts, keep_alive)
@@ -185,12 +193,33 @@ class Service:
         if not texts:
             self.scheduler.release(model)
             return [], 0, load_ns
-        work = in_thread(model.runner.embed, texts, truncate)
-        # The runner cannot cancel an embedding: a client that leaves keeps the model in use
-        # until the work is done, so keep-alive and eviction see the truth.
-        work.add_done_callback(lambda _: self.scheduler.release(model))
-        result = await asyncio.shield(work)
+        with self.scheduler.cancellable(threading.Event()) as cancel:
+            work = in_thread(model.runner.embed, texts, truncate, cancel)
+            work.add_done_callback(lambda done: self._embedded(model, done))
+            gone = asyncio.ensure_future(client_gone())
+            try:
+                await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not work.done():  # the client left, or this request was cancelled
+                    cancel.set()
+            if not work.done():
+                log.info("embedding cancelled: the client disconnected")
+                raise Cancelled("the client disconnected")
+        try:
+            result = work.result()
+        except Cancelled:
+            if self.scheduler.closing:
+                raise ShuttingDown("server is shutting down") from None
+            raise
         return result.vectors, result.prompt_eval_count, load_ns
+
+    def _embedded(self, model: LoadedModel, work: asyncio.Future) -> None:
+        """The runner let go of an embedding: the model is free (its error, if nobody awaited
+        it any more, is retrieved here)."""
+        if not work.cancelled():
+            work.exception()
+        self.scheduler.release(model)
 
 
 async def collect(chunks: AsyncIterator[Chunk]) -> tuple[str, list[TokenLogprob], Chunk | None]:
