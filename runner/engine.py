@@ -193,6 +193,11 @@ class BatchRunner:
                     cancel: threading.Event | None = None) -> str:
         """The prompt for ``messages``: the model's template (or ``template``) within one render
         budget for all the renders history truncation takes; ``cancel`` stops it."""
+        return self._chat_prompt(messages, template, truncate, cancel)[0]
+
+    def _chat_prompt(self, messages: list[Message], template: str | None, truncate: bool,
+                     cancel: threading.Event | None) -> tuple[str, list[int]]:
+        """:meth:`render_chat`'s text and its tokens."""
         bos, eos = self.special_tokens
         source = template if template is not None else self.info.chat_template
         budget = _prompt.RenderBudget(cancel=cancel)
@@ -201,9 +206,7 @@ class BatchRunner:
             return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
                                   budget=budget)
 
-        return _prompt.chat_prompt(
-            messages, render, lambda s: len(self.tokenize(s)), self.num_ctx, truncate
-        )
+        return _prompt.chat_prompt(messages, render, self.tokenize, self.num_ctx, truncate)
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Validate and tokenize now (errors raise here); the returned iterator streams."""
@@ -231,15 +234,18 @@ class BatchRunner:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            text = self.render_chat(messages, request.template, truncate=request.truncate, cancel=request.cancel)
-            return self._new_sequence(self.tokenize(text), request, t0)
-        text = request.prompt
-        if not request.raw:
+            _, tokens = self._chat_prompt(messages, request.template, request.truncate, request.cancel)
+            return self._new_sequence(tokens, request, t0)
+        if request.raw:
+            text = request.prompt
+        else:
             messages = []
             if request.system:
                 messages.append(Message("system", request.system))
             messages.append(Message("user", request.prompt))
-            text = self.render_chat(messages, request.template, truncate=False, cancel=request.cancel)
+            text, tokens = self._chat_prompt(messages, request.template, False, request.cancel)
+            if not request.context:
+                return self._new_sequence(tokens, request, t0)
         if request.context:
             text = self.detokenize(list(request.context)) + text
         return self._new_sequence(self.tokenize(text), request, t0)

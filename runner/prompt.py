@@ -89,33 +89,42 @@ def render(
 def chat_prompt(
     messages: Sequence[Message],
     render_fn: Callable[[Sequence[Message]], str],
-    count_tokens: Callable[[str], int],
+    tokenize: Callable[[str], list[int]],
     num_ctx: int,
     truncate: bool = True,
-) -> str:
-    """Render ``messages``, dropping the oldest non-system messages until the prompt fits.
+) -> tuple[str, list[int]]:
+    """Render ``messages``, dropping the oldest non-system messages until the prompt fits; the
+    text and its tokens.
 
     System messages and the last message are always kept (Ollama's chatPrompt). If even that
     does not fit, the shortest rendering is returned and the runner truncates tokens after
-    ``num_keep`` (or refuses, when truncation is off).
+    ``num_keep`` (or refuses, when truncation is off). Each rendering is tokenized at most once,
+    and the tokens of the one chosen are returned (a huge prompt costs one tokenization).
     """
     messages = list(messages)
     text = render_fn(messages)
-    if not truncate or count_tokens(text) <= num_ctx:
-        return text
+    tokens = tokenize(text)
+    if not truncate or len(tokens) <= num_ctx:
+        return text, tokens
     droppable = [i for i, m in enumerate(messages[:-1]) if m.role != "system"]
-    # Find the fewest dropped messages that fit: binary search over how many to drop.
-    lo, hi = 1, len(droppable)
-    best = None
+    if not droppable:
+        return text, tokens
+
+    def dropping(count: int) -> tuple[str, list[int]]:
+        drop = set(droppable[:count])
+        candidate = render_fn([m for i, m in enumerate(messages) if i not in drop])
+        return candidate, tokenize(candidate)
+
+    best = dropping(len(droppable))
+    if len(best[1]) > num_ctx:
+        return best  # even the system messages and the last one do not fit
+    # the fewest dropped messages that fit: binary search below dropping them all
+    lo, hi = 1, len(droppable) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
-        drop = set(droppable[:mid])
-        candidate = render_fn([m for i, m in enumerate(messages) if i not in drop])
-        if count_tokens(candidate) <= num_ctx:
+        candidate = dropping(mid)
+        if len(candidate[1]) <= num_ctx:
             best, hi = candidate, mid - 1
         else:
             lo = mid + 1
-    if best is not None:
-        return best
-    drop = set(droppable)
-    return render_fn([m for i, m in enumerate(messages) if i not in drop])
+    return best

@@ -41,15 +41,31 @@ def test_plain_fallback_is_prefix_stable():
 def test_history_truncation_keeps_system_and_last():
     msgs = [Message("system", "SYS")] + [Message("user" if i % 2 == 0 else "assistant", f"m{i} " + "x" * 50) for i in range(10)]
     render = lambda ms: prompt.render(CHATML, ms)
-    count = lambda s: len(s) // 4
-    text = prompt.chat_prompt(msgs, render, count, num_ctx=60)
+    tokenized: list[str] = []
+
+    def tokenize(text: str) -> list[int]:  # a fake tokenizer: four characters a token
+        tokenized.append(text)
+        return list(range(len(text) // 4))
+
+    text, tokens = prompt.chat_prompt(msgs, render, tokenize, num_ctx=60)
     assert "SYS" in text and "m9 " in text and "m0 " not in text
-    assert count(text) <= 60
-    # no truncation wanted: everything stays
-    assert "m0 " in prompt.chat_prompt(msgs, render, count, num_ctx=60, truncate=False)
-    # even the last message alone is too long: system + last are still returned
-    text = prompt.chat_prompt(msgs, render, count, num_ctx=5)
+    assert tokens == tokenize(text) and len(tokens) <= 60
+    # the fewest messages dropped: the longest history that fits
+    fits = [render([msgs[0]] + msgs[k:]) for k in range(1, len(msgs)) if len(render([msgs[0]] + msgs[k:])) // 4 <= 60]
+    assert text == fits[0]
+    # no truncation wanted: everything stays, tokenized once
+    tokenized.clear()
+    text, tokens = prompt.chat_prompt(msgs, render, tokenize, num_ctx=60, truncate=False)
+    assert "m0 " in text and tokenized == [text]
+    # even the last message alone is too long: system + last are returned, and no search is made
+    tokenized.clear()
+    text, tokens = prompt.chat_prompt(msgs, render, tokenize, num_ctx=5)
     assert "SYS" in text and "m9 " in text and "m8 " not in text
+    assert len(tokenized) == 2 and tokens == list(range(len(text) // 4))
+    # one huge message: tokenized once, whatever its size
+    tokenized.clear()
+    text, tokens = prompt.chat_prompt([Message("user", "x" * 10_000)], render, tokenize, num_ctx=5)
+    assert tokenized == [text]
 
 
 def test_chatml_turn_prefix_on_smollm2():
