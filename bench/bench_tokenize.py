@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import llama_cpp  # noqa: E402
 
+from runner.llamarunner.runner import llama_tokenize  # noqa: E402
 from runner.model import load_tokenizer  # noqa: E402
 from runner.store import default_model_path  # noqa: E402
 
@@ -144,16 +145,8 @@ class OldTokenizer:
             raise SystemExit(f"llama.cpp cannot load {path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
 
-    def encode(self, text: str) -> list[int]:  # runner/llamarunner/runner.py tokenize()
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (llama_cpp.llama_token * capacity)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, True, True)
-        if n < 0:
-            capacity = -n
-            buf = (llama_cpp.llama_token * capacity)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, capacity, True, True)
-        return list(buf[:n])
+    def encode(self, text: str) -> list[int]:  # what the old engine's tokenize() calls
+        return llama_tokenize(self._vocab, text, True, True)
 
 
 def timed(fn: Callable[[str], list[int]], text: str) -> tuple[float, list[int]]:

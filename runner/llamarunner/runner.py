@@ -222,15 +222,7 @@ class LlamaRunner(BatchRunner):
         self._check_open()
         if self._unencodable is not None:
             self._unencodable.check(text)
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buf = (L.llama_token * capacity)()
-        n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
-        if n < 0:
-            capacity = -n
-            buf = (L.llama_token * capacity)()
-            n = L.llama_tokenize(self._vocab, data, len(data), buf, capacity, add_special, parse_special)
-        return list(buf[:n])
+        return llama_tokenize(self._vocab, text, add_special, parse_special)
 
     def piece(self, token: int) -> bytes:
         cached = self._pieces.get(token)
@@ -337,6 +329,19 @@ class LlamaRunner(BatchRunner):
         if getattr(self, "_model", None):
             L.llama_model_free(self._model)
             self._model = None
+
+
+def llama_tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    """llama.cpp's tokens for ``text`` (a second call when the first buffer was too small)."""
+    data = text.encode("utf-8")
+    capacity = len(data) + 8
+    buf = (L.llama_token * capacity)()
+    n = L.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special)
+    if n < 0:
+        capacity = -n
+        buf = (L.llama_token * capacity)()
+        n = L.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special)
+    return list(buf[:n])
 
 
 def default_threads() -> int:
