@@ -164,6 +164,7 @@ def check_memory(info: ModelInfo, plan: Reservation, num_ctx: int, num_parallel:
         return
     raise LoadError(
         f"{info.name} with num_ctx {num_ctx} x {num_parallel} parallel needs {plan.total / GiB:.1f} GiB "
-        f"(KV cache {plan.kv / GiB:.1f} GiB, compute {plan.compute / GiB:.1f} GiB), more than the "
-        f"{available / GiB:.1f} GiB of memory available: lower num_ctx or OLLAMA_NUM_PARALLEL"
+        f"(KV cache {plan.kv / GiB:.1f} GiB, compute {plan.compute / GiB:.1f} GiB), more than "
+        f"{MEMORY_MARGIN:.0%} of the {available / GiB:.1f} GiB of memory available: "
+        f"lower num_ctx or OLLAMA_NUM_PARALLEL"
     )
