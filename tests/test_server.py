@@ -69,6 +69,10 @@ def test_root_version_and_unknown_routes(server):
 
 
 def test_generate_stream_and_not(client):
+    # Both compared answers start from a warm slot: a cold prompt evaluates its last token in the
+    # prompt's batch, a warm one re-evaluates it alone, and on some CPUs (AVX2 here) the two
+    # kernels round differently enough to flip a greedy near-tie a few dozen tokens later.
+    client.generate(model=SMOL, prompt="Why is the sky blue?", stream=False, options={**GREEDY, "num_predict": 1})
     parts = list(client.generate(model=SMOL, prompt="Why is the sky blue?", stream=True,
                                  options={**GREEDY, "num_predict": 24}))
     assert all(p.model == SMOL for p in parts)
@@ -103,6 +107,7 @@ def test_num_predict_gives_exactly_that_many_tokens(client):
 
 def test_chat_stream_and_not(client):
     messages = [{"role": "user", "content": "What is the capital of France?"}]
+    client.chat(model=SMOL, messages=messages, stream=False, options={**GREEDY, "num_predict": 1})  # warm (see above)
     parts = list(client.chat(model=SMOL, messages=messages, stream=True, options={**GREEDY, "num_predict": 32}))
     final = parts[-1]
     assert final.done and final.done_reason in ("stop", "length")
@@ -155,16 +160,17 @@ def test_tags_show_ps(client, server):
 
 
 def test_embeddings_native(server):
-    r = httpx.post(server.url + "/api/embed", json={"model": SMOL, "input": ["hello world", "the sky is blue"]})
+    r = httpx.post(server.url + "/api/embed", json={"model": SMOL, "input": ["hello world", "the sky is blue"]},
+                   timeout=120)
     body = r.json()
     assert r.status_code == 200 and len(body["embeddings"]) == 2
     for vector in body["embeddings"]:
         assert len(vector) == 576 and math.isclose(sum(v * v for v in vector), 1.0, rel_tol=1e-4)
     assert body["prompt_eval_count"] > 0 and body["total_duration"] > 0
-    r = httpx.post(server.url + "/api/embed", json={"model": SMOL, "input": "hello world", "dimensions": 8})
+    r = httpx.post(server.url + "/api/embed", json={"model": SMOL, "input": "hello world", "dimensions": 8}, timeout=120)
     vec = r.json()["embeddings"][0]
     assert len(vec) == 8 and math.isclose(sum(v * v for v in vec), 1.0, rel_tol=1e-4)
-    legacy = httpx.post(server.url + "/api/embeddings", json={"model": SMOL, "prompt": "hello world"}).json()
+    legacy = httpx.post(server.url + "/api/embeddings", json={"model": SMOL, "prompt": "hello world"}, timeout=120).json()
     assert legacy["embedding"] == pytest.approx(body["embeddings"][0], abs=1e-5)
 
 
