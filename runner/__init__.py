@@ -63,6 +63,7 @@ def model_info(stored: store.StoredModel) -> ModelInfo:
         quantization=_FILE_TYPES.get(int(header.get("general.file_type", -1)), "unknown"),
         chat_template=header.get("tokenizer.chat_template"),
         metadata=dict(header.metadata),
+        store_template=store.model_defaults(stored).template,
     )
 
 

@@ -190,7 +190,7 @@ class Request:
     prompt: str = ""
     messages: list[Message] | None = None
     system: str | None = None
-    template: str | None = None  # a Jinja chat template overriding the model's
+    template: str | None = None  # a chat template (Go, as Ollama takes it, or Jinja) overriding the model's
     raw: bool = False  # prompt is sent as is, no template
     context: list[int] | None = None  # /api/generate's deprecated token context, prepended
     format: str | dict | None = None  # "json" or a JSON schema
@@ -264,8 +264,9 @@ class ModelInfo:
     embedding_length: int
     parameter_count: int
     quantization: str
-    chat_template: str | None
+    chat_template: str | None  # the GGUF's tokenizer.chat_template (Jinja)
     metadata: dict[str, Any]
+    store_template: str | None = None  # the store model's TEMPLATE layer (Go), when it has one
 
 
 class Runner(Protocol):

@@ -199,11 +199,11 @@ class BatchRunner:
                      cancel: threading.Event | None) -> tuple[str, list[int]]:
         """:meth:`render_chat`'s text and its tokens."""
         bos, eos = self.special_tokens
-        source = template if template is not None else self.info.chat_template
+        chosen = _prompt.select(template, self.info)
         budget = _prompt.RenderBudget(cancel=cancel)
 
         def render(msgs):
-            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
+            return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
                                   budget=budget)
 
         return _prompt.chat_prompt(messages, render, self.tokenize, self.num_ctx, truncate)
