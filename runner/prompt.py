@@ -24,39 +24,14 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from . import chattemplates, ollamatemplate, sandbox
-from .api import InvalidRequest, Message, ModelInfo
+from .api import ChatTemplate, InvalidRequest, Message, ModelInfo
 from .sandbox import DEFAULT_LIMITS, RenderBudget, RenderLimits
 
 __all__ = ["DEFAULT_LIMITS", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt", "model_template",
            "render", "render_plain", "render_template", "request_template", "select"]
-
-
-@dataclass(frozen=True)
-class ChatTemplate:
-    """The template prompts are rendered with, and where it came from."""
-
-    kind: str  # "go", "jinja", "builtin" (llama.cpp's, by name) or "plain"
-    source: str  # the Go or Jinja text, or the built-in's name ("" for plain)
-    origin: str  # where it came from, for people
-
-    def describe(self) -> str:
-        """One line: what kind, from where."""
-        what = {"go": "Go template", "jinja": "Jinja template", "plain": "no template: plain text",
-                "builtin": f'llama.cpp built-in template "{self.source}"'}[self.kind]
-        return f"{what} ({self.origin})"
-
-    def show(self) -> str:
-        """The text ``/show template`` and ``pollama show --template`` print: the template's
-        own text, or for a built-in or plain text, what is used instead."""
-        if self.kind in ("go", "jinja"):
-            return self.source
-        if self.kind == "builtin":
-            return f"{self.describe()}: the GGUF has no chat template"
-        return "No prompt template was specified for this model (plain text)."
 
 
 _GO_MARKER = re.compile(r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with)\s+[.$(]|(?:end|else)\s*-?\}\}|else\s+(?:if|with)\s)")
@@ -79,8 +54,9 @@ def request_template(source: str, origin: str = "the request's template") -> Cha
 
 def model_template(info: ModelInfo) -> ChatTemplate:
     """The template a model's prompts use when a request names none (rules 2-5 above)."""
-    if info.store_template:
-        return ChatTemplate("go", info.store_template, "the model's TEMPLATE")
+    if info.store_template:  # Go, as Ollama writes it; Jinja tags say a user put Jinja there
+        jinja = "{%" in info.store_template or "{#" in info.store_template
+        return ChatTemplate("jinja" if jinja else "go", info.store_template, "the model's TEMPLATE")
     if info.chat_template:
         return ChatTemplate("jinja", info.chat_template, "the GGUF's tokenizer.chat_template")
     builtin = chattemplates.for_architecture(info.architecture)
