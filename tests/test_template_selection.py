@@ -194,3 +194,16 @@ def test_serve_renders_gemma3_with_the_gemma_builtin(server, gemma3_path):
     reply = _generate(server.url, str(gemma3_path), "Why is the sky blue?")
     assert reply.status_code == 200, reply.text
     assert reply.json()["context"][: len(expected)] == expected
+
+
+def test_a_go_template_conversation_hits_the_cache(smol):
+    """Turn 2's prompt extends turn 1's prompt and answer with the Go template: only the new
+    message is evaluated."""
+    opts = Options(temperature=0, num_predict=8)
+    msgs = [Message("user", "Name a color.")]
+    answer, first = collect(smol.chat(Request(messages=msgs, template=GO_TEMPLATE, options=opts)))
+    msgs2 = msgs + [Message("assistant", answer), Message("user", "And an animal?")]
+    _, second = collect(smol.chat(Request(messages=msgs2, template=GO_TEMPLATE, options=opts)))
+    turn1 = first.metrics.prompt_tokens + first.metrics.eval_count
+    assert second.metrics.prompt_cached_count >= turn1 - 1, (first.metrics, second.metrics)
+    assert second.metrics.prompt_tokens == len(smol.tokenize(go_prompt(msgs2)))
