@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
-import html as _html
 import json
 import re
 import urllib.parse
@@ -35,7 +34,7 @@ from .sandbox import RenderBudget, run_bounded
 
 __all__ = ["NO_VALUE", "Struct", "Template", "TemplateError", "parse", "render"]
 
-MAX_DEPTH = 200  # nesting of blocks and parentheses a template may have
+MAX_DEPTH = 100  # nesting of blocks and parentheses a template may have (Python's stack is the limit)
 
 
 class TemplateError(InvalidRequest):
@@ -766,10 +765,6 @@ def _type_name(value: Any) -> str:
 
 
 # ------------------------------------------------------------------------------- the functions
-class _Lazy:
-    """``and``/``or`` take their arguments unevaluated (Go evaluates them only as needed)."""
-
-
 def _eq(state: "_State", a: Any, *rest: Any) -> bool:
     if not rest:
         raise TemplateError("error calling eq: missing argument for comparison")
@@ -974,45 +969,39 @@ def _printf(state: "_State", fmt: Any = NO_VALUE, *args: Any) -> str:
 
 
 def _format_one(verb: str, flags: str, prec: int | None, value: Any) -> str:
+    """One of printf's verbs applied to ``value`` (Go's ``%!verb(type=value)`` when they do not fit)."""
     bad = f"%!{verb}({_type_name(value)}={to_text(value)})"
+    is_int = isinstance(value, int) and not isinstance(value, bool)
     if verb in "vs":
-        if verb == "s" and not isinstance(value, (str, list, tuple, dict, Struct)) and value is not None:
+        if verb == "s" and (is_int or isinstance(value, (bool, float))):
             return bad
         text = to_text(value)
-        return text[:prec] if prec is not None and verb == "s" or (prec is not None and isinstance(value, str)) else text
+        return text[:prec] if prec is not None and isinstance(value, str) else text
     if verb == "q":
         if isinstance(value, str):
             return json.dumps(value, ensure_ascii=False)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return "'" + chr(value) + "'" if 0 <= value <= 0x10FFFF else bad
-        return bad
+        return "'" + chr(value) + "'" if is_int and 0 <= value <= 0x10FFFF else bad
     if verb == "t":
         return to_text(value) if isinstance(value, bool) else bad
+    if verb in "xX" and isinstance(value, str):
+        text = _utf8(value).hex()
+        return text.upper() if verb == "X" else text
     if verb in "dboxXc":
-        if isinstance(value, bool) or not isinstance(value, int):
-            if verb in "xX" and isinstance(value, str):
-                text = _utf8(value).hex()
-                return text.upper() if verb == "X" else text
+        if not is_int:
             return bad
         if verb == "c":
             return chr(value) if 0 <= value <= 0x10FFFF else "\ufffd"
-        base = {"d": "d", "b": "b", "o": "o", "x": "x", "X": "X"}[verb]
-        text = format(value, base)
-        if "+" in flags and value >= 0:
-            text = "+" + text
-        elif " " in flags and value >= 0:
-            text = " " + text
+        text = format(value, verb)
+        if value >= 0 and ("+" in flags or " " in flags):
+            text = ("+" if "+" in flags else " ") + text
         return text
     if verb in "feEgG":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not isinstance(value, float):
             return bad
-        if isinstance(value, int):
-            return bad
-        spec = verb + ("" if prec is None else "") if verb in "gG" and prec is None else None
         if verb in "gG" and prec is None:
             return _go_float(value)
         text = format(value, f".{6 if prec is None else prec}{verb}")
-        return ("+" + text) if "+" in flags and value >= 0 else text
+        return "+" + text if "+" in flags and value >= 0 else text
     return bad
 
 
@@ -1135,6 +1124,8 @@ class _State:
             elif isinstance(node, Action):
                 value = self.pipeline(dot, node.pipe)
                 if not node.pipe.decl:
+                    if not isinstance(value, str):  # sized before it is printed
+                        self.budget.check_chars(self.budget.size(value), "the template produces")
                     self.out.append(self.budget.emit(to_text(value)))
             elif isinstance(node, Branch):
                 self.branch(dot, node)

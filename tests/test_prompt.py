@@ -219,6 +219,8 @@ def test_which_template_wins():
     builtin = prompt.select(None, _info("gemma3"))
     assert (builtin.kind, builtin.source) == ("builtin", "gemma") and "gemma3" in builtin.describe()
     assert prompt.select(None, _info("llama")).kind == "plain"
+    # a TEMPLATE a user wrote in Jinja (Jinja's tags) renders as Jinja
+    assert prompt.select(None, _info(store_template=CHATML)).kind == "jinja"
     # the same messages, each way
     msgs = [Message("user", "hi")]
     for chosen in (prompt.select(None, every), prompt.select(None, _info(chat_template=CHATML))):
