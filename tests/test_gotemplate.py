@@ -200,7 +200,7 @@ def test_a_malformed_template_is_one_clear_line(source, message):
     ("{{ .S.X }}", {"S": "str"}, "can't evaluate field X in type string"),
     ('{{ eq 1 "a" }}', {}, "incompatible types"),
     ('{{ lt true false }}', {}, "invalid type for comparison"),
-    ("{{ range .S }}{{ end }}", {"S": "abc"}, "range can't iterate"),
+    ("{{ range .S }}{{ end }}", {"S": "a\nbc"}, "range can't iterate"),
     ("{{ .X 1 }}", {"X": 1}, "not a method but has arguments"),
     ("{{ not 1 2 }}", {}, "wrong number of args for not"),
 ])
@@ -259,3 +259,27 @@ def test_legacy_exchanges_share_one_budget():
 def test_no_value_is_false_and_prints_as_go_prints_it():
     assert go("{{ if .X }}y{{ else }}n{{ end }}{{ .X }}") == "n<no value>"
     assert repr(NO_VALUE) == "<no value>"
+
+
+def test_random_templates_fail_only_as_bad_input():
+    """Fragments of Go templates shuffled together: each parses and renders, or is one
+    InvalidRequest line; nothing else escapes (a seeded fuzz, so it is the same every run)."""
+    import random
+
+    pieces = ["{{", "}}", "{{-", "-}}", " ", ".", ".Messages", ".Role", ".Content", "$", "$x", ":=", "=", "|",
+              "(", ")", "range", "if", "else", "end", "with", "break", "continue", "eq", "len", "slice", "index",
+              "printf", "json", "and", "or", "not", '"s"', "'c'", "1", "-2", "0x1F", "1.5e3", "nil", "true", ",",
+              "/*", "*/", "text\n", "$i", "$.System", "print", "`raw`", '"\\n"', "le", "urlquery"]
+    rng = random.Random(1234)
+    data = {"Messages": [Struct("m", {"Role": "user", "Content": "hi"})], "System": "s", "Prompt": "p"}
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(3000):
+        source = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 24)))
+        try:
+            out = gotemplate.render(source, data, RenderBudget(RenderLimits(cpu_seconds=0.5)), 100)
+            assert isinstance(out, str)
+            outcomes["ok"] += 1
+        except InvalidRequest as err:
+            assert "\n" not in str(err), (source, str(err))
+            outcomes["error"] += 1
+    assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes
