@@ -283,3 +283,58 @@ def test_random_templates_fail_only_as_bad_input():
             assert "\n" not in str(err), (source, str(err))
             outcomes["error"] += 1
     assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes
+
+
+# A Llama 3.1-style template as Ollama's registry carries it: tools, tool calls, $last, slice.
+LLAMA31 = """{{- if or .System .Tools }}<|start_header_id|>system<|end_header_id|>
+{{- if .System }}
+
+{{ .System }}
+{{- end }}
+{{- if .Tools }}
+
+You are a helpful assistant with tool calling capabilities.
+{{- end }}<|eot_id|>
+{{- end }}
+{{- range $i, $_ := .Messages }}
+{{- $last := eq (len (slice $.Messages $i)) 1 }}
+{{- if eq .Role "user" }}<|start_header_id|>user<|end_header_id|>
+{{- if and $.Tools $last }}
+
+{{ range $.Tools }}
+{{- json . }}
+{{ end }}
+Question: {{ .Content }}<|eot_id|>
+{{- else }}
+
+{{ .Content }}<|eot_id|>
+{{- end }}{{ if $last }}<|start_header_id|>assistant<|end_header_id|>
+
+{{ end }}
+{{- else if eq .Role "assistant" }}<|start_header_id|>assistant<|end_header_id|>
+{{- if .ToolCalls }}
+{{ range .ToolCalls }}
+{"name": "{{ .Function.Name }}", "parameters": {{ .Function.Arguments }}}{{ end }}
+{{- else }}
+
+{{ .Content }}
+{{- end }}{{ if not $last }}<|eot_id|>{{ end }}
+{{- else if eq .Role "tool" }}<|start_header_id|>ipython<|end_header_id|>
+
+{{ .Content }}<|eot_id|>{{ if $last }}<|start_header_id|>assistant<|end_header_id|>
+
+{{ end }}
+{{- end }}
+{{- end }}"""
+
+
+def test_a_llama31_template_gives_llama_cpps_llama3_prompt():
+    from runner import chattemplates
+
+    for msgs in ([Message("user", "Hi")],
+                 [Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello!"),
+                  Message("user", "Name a color.")]):
+        assert ollamatemplate.render(LLAMA31, msgs, RenderBudget()) == chattemplates.apply("llama3", msgs)
+    # an assistant message last (a prefill) is left open for the model to continue
+    msgs = [Message("user", "Hi"), Message("assistant", "Hel")]
+    assert ollamatemplate.render(LLAMA31, msgs, RenderBudget()).endswith("<|end_header_id|>\n\nHel")
