@@ -229,6 +229,7 @@ class Session:
                 ("context length", info.context_length),
                 ("embedding length", info.embedding_length),
                 ("quantization", info.quantization),
+                ("template", runner.model_template(info).describe()),
             ]
             print("  Model")
             for key, value in rows:
@@ -245,7 +246,7 @@ class Session:
         elif what == "system":
             print(self.system or "No system message was specified for this model.")
         elif what == "template":
-            print(info.chat_template or "No prompt template was specified for this model.")
+            print(runner.model_template(info).show())
         else:
             print(HELP_SHOW)
 

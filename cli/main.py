@@ -181,7 +181,7 @@ def show(
     except PollamaError as err:
         raise _fail(str(err))
     if template:
-        print(info.chat_template or "")
+        print(runner.model_template(info).show())
         return
     print(show_text(info, verbose))
 

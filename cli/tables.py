@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
+from runner import model_template
 from runner.api import ModelInfo
 from runner.store import StoredModel
 
@@ -57,6 +58,7 @@ def show_text(info: ModelInfo, verbose: bool = False) -> str:
         ("context length", info.context_length),
         ("embedding length", info.embedding_length),
         ("quantization", info.quantization),
+        ("template", model_template(info).describe()),
     ]
     out = ["  Model"] + [f"    {k:<20}{v}" for k, v in rows]
     caps = ["completion"]

@@ -31,11 +31,12 @@ from .api import (
     ServerBusy,
 )
 from .loadplan import checked_options, resolve_load_options
+from .prompt import model_template
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "Message", "Metrics",
     "ModelInfo", "ModelNotFound", "Options", "PollamaError", "PromptTooLong", "Request", "Runner",
-    "ServerBusy", "checked_options", "load", "model_info", "resolve_load_options",
+    "ServerBusy", "checked_options", "load", "model_info", "model_template", "resolve_load_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def model_info(stored: store.StoredModel) -> ModelInfo:
         quantization=_FILE_TYPES.get(int(header.get("general.file_type", -1)), "unknown"),
         chat_template=header.get("tokenizer.chat_template"),
         metadata=dict(header.metadata),
+        store_template=store.model_defaults(stored).template,
     )
 
 

@@ -180,6 +180,30 @@ class Message:
     content: str
 
 
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The template prompts are rendered with, and where it came from."""
+
+    kind: str  # "go", "jinja", "builtin" (llama.cpp's, by name) or "plain"
+    source: str  # the Go or Jinja text, or the built-in's name ("" for plain)
+    origin: str  # where it came from, for people
+
+    def describe(self) -> str:
+        """One line: what kind, from where."""
+        what = {"go": "Go template", "jinja": "Jinja template", "plain": "no template: plain text",
+                "builtin": f'llama.cpp built-in template "{self.source}"'}[self.kind]
+        return f"{what} ({self.origin})"
+
+    def show(self) -> str:
+        """The text ``/show template`` and ``pollama show --template`` print: the template's
+        own text, or for a built-in or plain text, what is used instead."""
+        if self.kind in ("go", "jinja"):
+            return self.source
+        if self.kind == "builtin":
+            return f"{self.describe()}: the GGUF has no chat template"
+        return "No prompt template was specified for this model (plain text)."
+
+
 @dataclass
 class Request:
     """One generation. Exactly one of ``prompt`` (generate) or ``messages`` (chat) is used.
@@ -190,8 +214,12 @@ class Request:
     prompt: str = ""
     messages: list[Message] | None = None
     system: str | None = None
-    template: str | None = None  # a Jinja chat template overriding the model's
+    template: str | None = None  # a chat template (Go, as Ollama takes it, or Jinja) overriding the model's
     raw: bool = False  # prompt is sent as is, no template
+    # the template chosen by the caller for the model it named (runner.prompt.select), which
+    # wins over ``template``: a server shares one runner among store models with one GGUF and
+    # different TEMPLATEs. None: the runner chooses from ``template`` and its own model.
+    chat_template: ChatTemplate | None = None
     context: list[int] | None = None  # /api/generate's deprecated token context, prepended
     format: str | dict | None = None  # "json" or a JSON schema
     options: Options = field(default_factory=Options)
@@ -264,8 +292,9 @@ class ModelInfo:
     embedding_length: int
     parameter_count: int
     quantization: str
-    chat_template: str | None
+    chat_template: str | None  # the GGUF's tokenizer.chat_template (Jinja)
     metadata: dict[str, Any]
+    store_template: str | None = None  # the store model's TEMPLATE layer (Go), when it has one
 
 
 class Runner(Protocol):

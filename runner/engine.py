@@ -31,6 +31,7 @@ from . import embedding as _embedding
 from . import prompt as _prompt
 from .api import (
     Cancelled,
+    ChatTemplate,
     Chunk,
     DoneReason,
     Embedding,
@@ -195,15 +196,15 @@ class BatchRunner:
         budget for all the renders history truncation takes; ``cancel`` stops it."""
         return self._chat_prompt(messages, template, truncate, cancel)[0]
 
-    def _chat_prompt(self, messages: list[Message], template: str | None, truncate: bool,
+    def _chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
                      cancel: threading.Event | None) -> tuple[str, list[int]]:
-        """:meth:`render_chat`'s text and its tokens."""
+        """:meth:`render_chat`'s text and its tokens (``template``: a chosen one, or text)."""
         bos, eos = self.special_tokens
-        source = template if template is not None else self.info.chat_template
+        chosen = template if isinstance(template, ChatTemplate) else _prompt.select(template, self.info)
         budget = _prompt.RenderBudget(cancel=cancel)
 
         def render(msgs):
-            return _prompt.render(source, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
+            return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
                                   budget=budget)
 
         return _prompt.chat_prompt(messages, render, self.tokenize, self.num_ctx, truncate)
@@ -234,7 +235,8 @@ class BatchRunner:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            _, tokens = self._chat_prompt(messages, request.template, request.truncate, request.cancel)
+            _, tokens = self._chat_prompt(messages, request.chat_template or request.template, request.truncate,
+                                          request.cancel)
             return self._new_sequence(tokens, request, t0)
         if request.raw:
             text = request.prompt
@@ -243,7 +245,8 @@ class BatchRunner:
             if request.system:
                 messages.append(Message("system", request.system))
             messages.append(Message("user", request.prompt))
-            text, tokens = self._chat_prompt(messages, request.template, False, request.cancel)
+            text, tokens = self._chat_prompt(messages, request.chat_template or request.template, False,
+                                             request.cancel)
             if not request.context:
                 return self._new_sequence(tokens, request, t0)
         if request.context:

@@ -1,23 +1,73 @@
-"""Chat prompts: the GGUF's ``tokenizer.chat_template`` rendered with jinja2, and history truncation.
+"""Chat prompts: which template a model's prompts are rendered with, rendering it within a
+budget, and history truncation.
+
+Which template (:func:`select`), first match wins:
+
+1. the request's ``template`` (``/api/generate``): Go's text/template, as Ollama takes it, or
+   Jinja when it has Jinja's tags or does not parse as Go (pollama took Jinja first);
+2. the store model's ``TEMPLATE`` layer, a Go template: one a user set in a Modelfile, or the one
+   a model pulled from Ollama's registry carries, curated for that model and what Ollama itself
+   renders (Ollama prefers it over the GGUF's Jinja unless the Jinja has more capabilities, such
+   as tools, which pollama does not render yet);
+3. the GGUF's ``tokenizer.chat_template`` (Jinja), rendered in :mod:`runner.sandbox`;
+4. llama.cpp's built-in template for the GGUF's architecture (:mod:`runner.chattemplates`:
+   gemma for gemma3, chatml for qwen2…), for chat models whose GGUF carries no template;
+5. plain text (:func:`render_plain`), for base models.
 
 The rendering must be *prefix-stable*: turn N+1's prompt starts with exactly turn N's prompt plus
 the assistant's answer, so the slot cache hits. Chat templates (ChatML and friends) have that
 property; the plain fallback for models without a template is built to have it too. Templates
-render in :mod:`runner.sandbox`, within a budget (both a request's template and a GGUF's are
-untrusted).
+render within a budget (every template is untrusted: a request's, a Modelfile's, a GGUF's).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Callable, Sequence
 
-from . import sandbox
-from .api import InvalidRequest, Message
+from . import chattemplates, ollamatemplate, sandbox
+from .api import ChatTemplate, InvalidRequest, Message, ModelInfo
 from .sandbox import DEFAULT_LIMITS, RenderBudget, RenderLimits
 
-__all__ = ["DEFAULT_LIMITS", "RenderBudget", "RenderLimits", "chat_prompt", "render", "render_plain",
-           "render_template"]
+__all__ = ["DEFAULT_LIMITS", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt", "model_template",
+           "render", "render_plain", "render_template", "request_template", "select"]
+
+
+_GO_MARKER = re.compile(r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with)\s+[.$(]|(?:end|else)\s*-?\}\}|else\s+(?:if|with)\s)")
+
+
+def request_template(source: str, origin: str = "the request's template") -> ChatTemplate:
+    """A template given as text: Jinja when it has Jinja's ``{%``/``{#`` tags, else Go when it
+    parses as Go, else Jinja. Raises InvalidRequest (Go's error) for text with Go's actions
+    (``{{ .X``, ``{{ $x``, ``{{ if .X``, ``{{ end }}``…) that does not parse."""
+    if "{%" in source or "{#" in source:
+        return ChatTemplate("jinja", source, origin)
+    try:
+        ollamatemplate.parse(source)
+        return ChatTemplate("go", source, origin)
+    except InvalidRequest as err:
+        if _GO_MARKER.search(source):  # Go's actions, which Jinja never writes: Go's error
+            raise InvalidRequest(f"invalid template: {err}") from None
+        return ChatTemplate("jinja", source, origin)
+
+
+def model_template(info: ModelInfo) -> ChatTemplate:
+    """The template a model's prompts use when a request names none (rules 2-5 above)."""
+    if info.store_template:  # Go, as Ollama writes it; Jinja tags say a user put Jinja there
+        jinja = "{%" in info.store_template or "{#" in info.store_template
+        return ChatTemplate("jinja" if jinja else "go", info.store_template, "the model's TEMPLATE")
+    if info.chat_template:
+        return ChatTemplate("jinja", info.chat_template, "the GGUF's tokenizer.chat_template")
+    builtin = chattemplates.for_architecture(info.architecture)
+    if builtin is not None:
+        return ChatTemplate("builtin", builtin, f"for architecture {info.architecture}")
+    return ChatTemplate("plain", "", "the GGUF has no chat template")
+
+
+def select(request: str | None, info: ModelInfo) -> ChatTemplate:
+    """The request's template when it gives one, else the model's."""
+    return request_template(request) if request else model_template(info)
 
 
 def render_template(
@@ -58,7 +108,7 @@ def render_plain(messages: Sequence[Message]) -> str:
 
 
 def render(
-    template: str | None,
+    template: ChatTemplate | str | None,
     messages: Sequence[Message],
     *,
     bos_token: str = "",
@@ -68,22 +118,29 @@ def render(
     limits: RenderLimits = DEFAULT_LIMITS,
     cancel: threading.Event | None = None,
 ) -> str:
-    """The prompt text for ``messages``. When the tokenizer adds BOS itself
-    (``tokenizer_adds_bos``), a BOS the template wrote at the start is dropped so it is not sent
-    twice; otherwise the template's text is kept whole (SmolLM2's BOS is ``<|im_start|>``, which
-    its template writes and its tokenizer does not add)."""
+    """The prompt text for ``messages`` (``template`` as text: see :func:`request_template`).
+    For a Jinja template, when the tokenizer adds BOS itself (``tokenizer_adds_bos``), a BOS the
+    template wrote at the start is dropped so it is not sent twice; otherwise the template's
+    text is kept whole (SmolLM2's BOS is ``<|im_start|>``, which its template writes and its
+    tokenizer does not add). Go and built-in templates write no BOS: the tokenizer adds it."""
     if not messages:
         raise InvalidRequest("no messages provided")
     for message in messages:
         if message.role not in ("system", "user", "assistant", "tool"):
             raise InvalidRequest(f"invalid message role {message.role!r}")
-    if template:
-        budget = budget or RenderBudget(limits, cancel)
-        text = render_template(template, messages, bos_token=bos_token, eos_token=eos_token, budget=budget)
-        if tokenizer_adds_bos and bos_token and text.startswith(bos_token):
-            text = text[len(bos_token):]
-        return text
-    return render_plain(messages)
+    if isinstance(template, str):
+        template = request_template(template) if template else None
+    if template is None or template.kind == "plain":
+        return render_plain(messages)
+    if template.kind == "builtin":
+        return chattemplates.apply(template.source, messages)
+    budget = budget or RenderBudget(limits, cancel)
+    if template.kind == "go":
+        return ollamatemplate.render(template.source, messages, budget)
+    text = render_template(template.source, messages, bos_token=bos_token, eos_token=eos_token, budget=budget)
+    if tokenizer_adds_bos and bos_token and text.startswith(bos_token):
+        text = text[len(bos_token):]
+    return text
 
 
 def chat_prompt(

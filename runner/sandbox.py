@@ -35,7 +35,7 @@ from markupsafe import EscapeFormatter, Markup
 
 from .api import Cancelled, InvalidRequest
 
-__all__ = ["DEFAULT_LIMITS", "RenderBudget", "RenderLimits", "compile_template", "render"]
+__all__ = ["DEFAULT_LIMITS", "RenderBudget", "RenderLimits", "compile_template", "render", "run_bounded"]
 
 
 # ------------------------------------------------------------------------------ render budget
@@ -481,3 +481,20 @@ def render(source: str, budget: RenderBudget, input_chars: int, context: Mapping
 def _one_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def run_bounded(budget: RenderBudget, input_chars: int, fn: Callable[[], str]) -> str:
+    """Run a renderer of another template language (:mod:`runner.gotemplate`) within ``budget``:
+    the size limits follow ``input_chars``; an overrun, a failure in the template, or the
+    cancel event end it with one InvalidRequest line (Cancelled for the event)."""
+    budget.start(input_chars)
+    if budget.cancel is not None and budget.cancel.is_set():
+        raise Cancelled("template rendering was cancelled")
+    try:
+        return fn()
+    except _Overrun as stop:
+        raise stop.error from None
+    except (InvalidRequest, Cancelled):
+        raise
+    except (RecursionError, MemoryError, ArithmeticError, TypeError, ValueError) as err:
+        raise InvalidRequest(f"template error: {_one_line(err)}") from None

@@ -194,3 +194,54 @@ def test_the_budget_leaves_real_templates_alone():
              "{% endfor %}{{ messages|tojson(indent=2)|length }}")
     out = prompt.render(loops, [Message("user", "hello")] * 50)
     assert out.startswith("                 HELLO                  00001     1")
+
+
+# ------------------------------------------------------------------------ template selection
+GO_CHATML = ('{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n'
+             '{{ end }}<|im_start|>assistant\n')
+
+
+def _info(architecture="llama", chat_template=None, store_template=None):
+    from runner.api import ModelInfo
+
+    return ModelInfo(name="m", path="/m.gguf", architecture=architecture, size=0, context_length=0,
+                     embedding_length=0, parameter_count=0, quantization="Q8_0", chat_template=chat_template,
+                     metadata={}, store_template=store_template)
+
+
+def test_which_template_wins():
+    """request > the store's TEMPLATE (Go) > the GGUF's Jinja > llama.cpp's built-in > plain."""
+    every = _info("gemma3", chat_template=CHATML, store_template=GO_CHATML)
+    assert prompt.select("{{ .Prompt }}", every) == prompt.ChatTemplate("go", "{{ .Prompt }}", "the request's template")
+    assert prompt.select(None, every).kind == "go" and prompt.select(None, every).source == GO_CHATML
+    assert prompt.select("", every).source == GO_CHATML  # an empty request template is none
+    assert prompt.select(None, _info("gemma3", chat_template=CHATML)).kind == "jinja"
+    builtin = prompt.select(None, _info("gemma3"))
+    assert (builtin.kind, builtin.source) == ("builtin", "gemma") and "gemma3" in builtin.describe()
+    assert prompt.select(None, _info("llama")).kind == "plain"
+    # a TEMPLATE a user wrote in Jinja (Jinja's tags) renders as Jinja
+    assert prompt.select(None, _info(store_template=CHATML)).kind == "jinja"
+    # the same messages, each way
+    msgs = [Message("user", "hi")]
+    for chosen in (prompt.select(None, every), prompt.select(None, _info(chat_template=CHATML))):
+        assert prompt.render(chosen, msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert prompt.render(builtin, msgs) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    assert prompt.render(prompt.select(None, _info()), msgs) == "hi"
+    # what /show template prints
+    assert prompt.select(None, every).show() == GO_CHATML
+    assert "gemma" in builtin.show() and "\n" not in builtin.show()
+    assert "No prompt template" in prompt.select(None, _info()).show()
+
+
+def test_a_request_template_is_go_or_jinja():
+    assert prompt.request_template("{{ .Prompt }}").kind == "go"
+    assert prompt.request_template("plain text").kind == "go"  # renders the same either way
+    assert prompt.request_template(CHATML).kind == "jinja"
+    assert prompt.request_template("{{ bos_token }}{{ messages[0]['content'] }}").kind == "jinja"
+    # looks like Go, parses as neither: Go's error, one line
+    with pytest.raises(InvalidRequest, match=r"invalid template: template: line 1: unexpected EOF"):
+        prompt.request_template("{{ if .System }}")
+    # Go's rules reach the prompt: an old-style template renders per exchange
+    msgs = [Message("system", "S"), Message("user", "a"), Message("assistant", "B"), Message("user", "c")]
+    legacy = "{{ if .System }}[{{ .System }}]{{ end }}<{{ .Prompt }}>{{ .Response }}|"
+    assert prompt.render(legacy, msgs) == "[S]<a>B|<c>"

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import config as _config
-from runner import ggufmeta, store
+from runner import ggufmeta, prompt, store
 from runner.api import ModelInfo, PollamaError
 
 from .http import iso
@@ -131,10 +131,11 @@ def show(scheduler: Scheduler, stored: store.StoredModel, verbose: bool) -> dict
     license_text = _read(layers.get("license")) or str(info.metadata.get("general.license") or "")
     system = _read(layers.get("system"))
     params = _read(layers.get("params"))
-    template = _read(layers.get("template")) or info.chat_template or ""
+    chosen = prompt.model_template(info)
+    template = chosen.source if chosen.kind in ("go", "jinja") else chosen.show() if chosen.kind == "builtin" else ""
     out: dict[str, Any] = {
         "license": license_text,
-        "modelfile": _modelfile(stored, template, system, params),
+        "modelfile": _modelfile(stored, template if chosen.kind in ("go", "jinja") else "", system, params),
         "parameters": _parameters_text(params),
         "template": template,
         "details": details(info),

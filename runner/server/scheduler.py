@@ -213,9 +213,9 @@ class Scheduler:
         key = str(stored.path)
         try:
             st = stored.path.stat()
-            stamp = (st.st_size, st.st_mtime_ns, stored.name)
+            stamp = (st.st_size, st.st_mtime_ns, stored.name, stored.layers.get("template"))
         except OSError:
-            stamp = (stored.size, 0, stored.name)
+            stamp = (stored.size, 0, stored.name, stored.layers.get("template"))
         entry = self._infos.get(key)
         if entry is None or entry.stamp != stamp:
             entry = self._infos[key] = _InfoEntry(stamp, _runner.model_info(stored))

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 import runner as _runner
 from runner import config as _config
-from runner import store
+from runner import prompt, store
 from runner.api import (
     Cancelled,
     Chunk,
@@ -138,6 +138,8 @@ class Service:
         request.options = build_options(stored, raw_options)
         if request.system is None:
             request.system = store.model_defaults(stored).system
+        # chosen for the model named: models with one GGUF share a runner, not their TEMPLATE
+        request.chat_template = prompt.select(request.template, self.scheduler.model_info(stored))
         check_top_logprobs(request.top_logprobs)
         model = await self.scheduler.acquire(name, request.options, keep_alive)
         outcome.model = model

@@ -238,10 +238,11 @@ def delete(cfg: _config.Config, name: str) -> None:
 # ------------------------------------------------------------------------- Modelfile layers
 @dataclass
 class ModelDefaults:
-    """What a store model's manifest adds: Modelfile PARAMETERs and a SYSTEM prompt."""
+    """What a store model's manifest adds: Modelfile PARAMETERs, a SYSTEM prompt and a TEMPLATE."""
 
     params: dict[str, Any] = field(default_factory=dict)
     system: str | None = None
+    template: str | None = None  # Go template text (layer "template", or the legacy "prompt")
 
 
 def model_defaults(stored: StoredModel) -> ModelDefaults:
@@ -263,4 +264,10 @@ def model_defaults(stored: StoredModel) -> ModelDefaults:
             out.system = system.read_text()
         except OSError:
             pass
+    template = stored.layers.get("template") or stored.layers.get("prompt")
+    if template is not None:
+        try:
+            out.template = template.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            log.warning("ignoring unreadable template of %s: %s", stored.name, err)
     return out
