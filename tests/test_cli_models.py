@@ -160,12 +160,14 @@ def test_create_from_a_store_model_and_show_falls_back_to_the_gguf(_isolated_hom
     ("FROM x\nADAPTER ./lora.gguf\n", "Modelfile line 2: ADAPTER is not supported"),
     ("FROM ./missing.gguf\n", "Modelfile line 1: FROM ./missing.gguf: no such file"),
     ("FROM nosuchbase\n", 'base model "nosuchbase" not found'),
+    ("FROM /etc/passwd\n", "passwd is not a GGUF file"),  # only a GGUF is ever imported
 ])
 def test_modelfile_errors_name_the_line(_isolated_home, tmp_path, text, message):
     (tmp_path / "Modelfile").write_text(text)
     out = run_cli(["create", "x", "-f", str(tmp_path / "Modelfile")], _isolated_home)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.splitlines()[-1].startswith(f"Error: {message}"), out.stderr
+    assert not any(p.is_file() for p in models_dir(_isolated_home).rglob("*"))  # nothing written
 
 
 def test_create_refuses_quantize_and_a_missing_modelfile(_isolated_home, tmp_path):

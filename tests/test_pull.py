@@ -168,3 +168,21 @@ def test_bad_manifest_digest_cannot_reach_outside_the_store(registry, cfg, tmp_p
     with pytest.raises(RegistryError, match="bad layer"):
         list(pull(cfg, registry.name("library", "evil", "latest"), insecure=True))
     assert not (tmp_path / "victim").exists()
+
+
+@pytest.mark.parametrize("text, url", [
+    ("llama3.2", "https://registry.ollama.ai/v2/library/llama3.2/manifests/latest"),
+    ("hf.co/bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M",
+     "https://hf.co/v2/bartowski/Llama-3.2-1B-Instruct-GGUF/manifests/Q4_K_M"),
+    ("huggingface.co/unsloth/gemma-3-270m-it-GGUF", "https://huggingface.co/v2/unsloth/gemma-3-270m-it-GGUF/manifests/latest"),
+    ("127.0.0.1:5000/me/m:t", "https://127.0.0.1:5000/v2/me/m/manifests/t"),
+])
+def test_registry_urls(text, url):
+    """Hugging Face repos are the same protocol on their own host (a quant is the tag)."""
+    from runner.store.pull import parse_pull_name
+    from runner.store.registry import Remote
+
+    name = parse_pull_name(text)
+    remote = Remote.of(text, name, insecure=False)
+    assert remote.url("manifests", name.tag) == url
+    assert Remote.of(text, name, insecure=True).url("manifests", name.tag) == url.replace("https:", "http:")

@@ -132,7 +132,7 @@ def _gguf_layer(layout: Layout, blob: Path, digest: str) -> dict[str, Any]:
 
 def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Iterator[Progress]:
     """The base model's layers (model first): from files, a local file, or ``from``."""
-    from . import resolve
+    from . import looks_like_path, resolve
 
     if spec.files:
         name, digest = next((n, d) for n, d in spec.files.items()
@@ -149,7 +149,8 @@ def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Itera
     try:
         stored = resolve(spec.from_, cfg, from_network=True)
     except ModelNotFound:
-        raise ModelNotFound(f'base model "{spec.from_}" not found (pull it first)') from None
+        hint = "" if looks_like_path(spec.from_) else " (pull it first)"
+        raise ModelNotFound(f'base model "{spec.from_}" not found{hint}') from None
     if stored.manifest is None:  # the default model or a .gguf path: imported (copied)
         yield Progress("parsing GGUF")
         digest, size = blobs.import_gguf(layout, stored.path)
