@@ -11,6 +11,7 @@ out of the test GGUFs. Knobs for the failure tests: drop a blob's connection aft
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import threading
@@ -112,41 +113,44 @@ class LocalRegistry:
 
             def _blob(self, digest: str) -> None:
                 if digest in registry.files:
-                    data = registry.files[digest].read_bytes()
+                    source: Any = open(registry.files[digest], "rb")
+                    size = registry.files[digest].stat().st_size
                 elif digest in registry.blobs:
                     data = registry.blobs[digest]
+                    if digest in registry.corrupt:
+                        data = bytes([data[0] ^ 0xFF]) + data[1:]
+                    source, size = io.BytesIO(data), len(data)
                 else:
                     return self._error(404, "blob unknown")
-                if digest in registry.corrupt:
-                    data = bytes([data[0] ^ 0xFF]) + data[1:]
-                start = 0
-                match = re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))
-                status = 200
-                if match:
-                    start = int(match.group(1))
-                    if start >= len(data):
-                        return self._error(416, "range not satisfiable")
-                    status = 206
-                body = data[start:]
-                self.send_response(status)
-                self.send_header("Content-Type", "application/octet-stream")
-                self.send_header("Content-Length", str(len(body)))
-                if status == 206:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.end_headers()
-                drop = registry.drop_after.pop(digest, None)
-                if drop is not None:
-                    self.wfile.write(body[:max(drop - start, 0)])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    self.connection.shutdown(2)
-                    return
-                delay = registry.delay.get(digest, 0.0)
-                step = 1 << 16 if delay else 1 << 22
-                for i in range(0, len(body), step):
-                    self.wfile.write(body[i:i + step])
-                    if delay:
-                        time.sleep(delay)
+                with source:
+                    start = 0
+                    match = re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))
+                    status = 200
+                    if match:
+                        start = int(match.group(1))
+                        if start >= size:
+                            return self._error(416, "range not satisfiable")
+                        status = 206
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Content-Length", str(size - start))
+                    if status == 206:
+                        self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+                    self.end_headers()
+                    source.seek(start)
+                    drop = registry.drop_after.pop(digest, None)
+                    if drop is not None:
+                        self.wfile.write(source.read(max(drop - start, 0)))
+                        self.wfile.flush()
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
+                    delay = registry.delay.get(digest, 0.0)
+                    step = 1 << 16 if delay else 1 << 22
+                    for block in iter(lambda: source.read(step), b""):
+                        self.wfile.write(block)
+                        if delay:
+                            time.sleep(delay)
 
             def _send(self, status: int, data: bytes, media: str) -> None:
                 self.send_response(status)
