@@ -16,6 +16,7 @@ Medians over --runs; MB is 10^6 bytes. The default file is the default model (Sm
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import shutil
 import statistics
@@ -84,6 +85,7 @@ def main() -> None:
     registry = LocalRegistry().start()
     registry.add_model("library", "bench", "latest", path, from_disk=True)
     name = registry.name("library", "bench", "latest")
+    load_before = os.getloadavg()[0]
     server = None if args.no_server else ServerProcess().start()
     times: dict[str, list[float]] = {"pull": [], "pull (API)": [], "cp": [], "cp+sha256": []}
     try:
@@ -100,7 +102,8 @@ def main() -> None:
             server.stop()
 
     print(f"file: {path.name}, {size / 1e6:.1f} MB; {args.runs} runs, interleaved; medians")
-    print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}\n")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
+          f"{platform.python_version()}; load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n")
     print("| method | seconds | MB/s | vs cp |")
     print("|---|---:|---:|---:|")
     cp = statistics.median(times["cp"])

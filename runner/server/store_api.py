@@ -27,7 +27,7 @@ from runner.api import PollamaError
 from runner.store import blobs as _blobs
 from runner.store.create import CreateSpec, create as create_model
 from runner.store.progress import Progress
-from runner.store.pull import pull as pull_model
+from runner.store.pull import parse_pull_name, pull as pull_model
 
 from .http import JSON, NDJSON, RunnerResponse, dumps
 from .service import Service
@@ -144,7 +144,7 @@ def progress_response(produce: Callable[[threading.Event], Iterator[Progress]], 
 @router.post("/api/pull")
 async def pull(body: PullBody, svc: Service = Depends(service)) -> Response:
     name = body.model or body.name
-    store.pull.parse_pull_name(name)  # a bad name is 400 before anything streams
+    parse_pull_name(name)  # a bad name is 400 before anything streams
     cfg = svc.cfg
     return progress_response(lambda cancel: pull_model(cfg, name, insecure=body.insecure, cancel=cancel),
                              stream=body.stream is not False)
