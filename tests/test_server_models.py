@@ -153,7 +153,7 @@ def test_push_is_refused_in_one_line(server):
 
     with pytest.raises(ollama.ResponseError) as err:
         ollama.Client(host=server.url).push("stories")
-    assert err.value.status_code == 501 and "not supported" in str(err.value)
+    assert err.value.status_code == 400 and "not supported" in str(err.value)
 
 
 def test_create_refusals(server):

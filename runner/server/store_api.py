@@ -7,7 +7,8 @@ answers with its status and ``{"error"}`` body rather than a 200 stream; a failu
 ``{"error": "..."}`` line, as Ollama streams it. A client that goes away cancels the work (a
 pull keeps its partial file for the next try).
 
-``/api/push`` is refused (501): pollama does not publish models.
+``/api/push`` is refused with a 400, as pollama refuses every feature it lacks (tools, images,
+quantize): it does not publish models.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
 from runner import store
-from runner.api import PollamaError
+from runner.api import InvalidRequest, PollamaError
 from runner.store import blobs as _blobs
 from runner.store.create import CreateSpec, create as create_model
 from runner.store.progress import Progress
@@ -69,10 +70,6 @@ class CreateBody(_Body):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True,
                               alias_generator=lambda f: "from" if f == "from_" else f)
-
-
-class PushRefused(PollamaError):
-    status = 501
 
 
 class _Done:
@@ -152,7 +149,7 @@ async def pull(body: PullBody, svc: Service = Depends(service)) -> Response:
 
 @router.post("/api/push")
 async def push(body: PullBody) -> Response:
-    raise PushRefused(f'pushing "{body.model or body.name}" is not supported: pollama does not '
+    raise InvalidRequest(f'pushing "{body.model or body.name}" is not supported: pollama does not '
                       "publish models (use ollama push)")
 
 
