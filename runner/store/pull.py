@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import httpx
 from .. import config as _config
 from ..api import Cancelled, InvalidRequest, ModelNotFound, PollamaError
 from . import blobs, manifests
-from .layout import Layout, OutsideStore, digest_hex
+from .layout import Layout, digest_hex
 from .names import InvalidName, Name, parse_name
 from .progress import Progress, layer_status
 from .registry import Registry, RegistryError, Remote, reason
@@ -220,4 +219,4 @@ def _verify(layout: Layout, layer: _Layer, hex_digest: str | None) -> None:
         blobs.promote(layout, partial, layer.digest)
 
 
-__all__ = ["DigestMismatch", "pull", "parse_pull_name", "OutsideStore"]
+__all__ = ["DigestMismatch", "pull", "parse_pull_name"]
