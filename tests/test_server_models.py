@@ -211,3 +211,36 @@ def test_pulling_while_the_server_answers_other_requests(server, registry, tmp_p
         assert len(partials) >= 3  # progress streamed as the bytes came
     finally:
         reg.stop()
+
+
+def test_a_client_that_leaves_stops_the_pull_and_the_next_one_resumes(server, tmp_path):
+    reg = LocalRegistry().start()
+    try:
+        unique = tmp_path / "leaving.gguf"
+        unique.write_bytes(STORIES.read_bytes() + b"left" * 16)
+        manifest = reg.add_model("library", "leaving", "latest", unique)
+        digest = manifest["layers"][0]["digest"]
+        reg.delay[digest] = 0.05
+        body = {"model": reg.name("library", "leaving", "latest"), "insecure": True}
+        with httpx.stream("POST", server.url + "/api/pull", json=body, timeout=60) as resp:
+            for line in resp.iter_lines():
+                event = json.loads(line)
+                if event.get("digest") == digest and event["completed"] > 0:
+                    break  # leave mid-download
+        partial = server.models / "blobs" / f"sha256-{digest[7:]}-partial"
+        deadline = time.monotonic() + 10
+        sizes = []
+        while time.monotonic() < deadline:  # the download stops soon after the client left
+            sizes.append(partial.stat().st_size)
+            if len(sizes) >= 4 and sizes[-1] == sizes[-4]:
+                break
+            time.sleep(0.2)
+        kept = sizes[-1]
+        assert 0 < kept < unique.stat().st_size and sizes[-1] == sizes[-4]
+        reg.delay.clear()
+        reg.requests.clear()
+        r = httpx.post(server.url + "/api/pull", json={**body, "stream": False}, timeout=60)
+        assert r.json() == {"status": "success"}
+        assert [rng for path, rng in reg.requests if path == f"/cdn/{digest}"] == [f"bytes={kept}-"]
+    finally:
+        reg.stop()
