@@ -243,7 +243,7 @@ class ModelDefaults:
     params: dict[str, Any] = field(default_factory=dict)
     system: str | None = None
     messages: list[Message] = field(default_factory=list)  # the conversation's starting history
-    template: str | None = None  # the Go template layer (rendered by runner/gotemplate.py)
+    template: str | None = None  # the TEMPLATE layer (Go template syntax), as stored
 
 
 def starting_messages(defaults: ModelDefaults, messages: list[Message]) -> list[Message]:
