@@ -21,6 +21,7 @@ HELP = """Available Commands:
   /set            Set session variables
   /show           Show model information
   /load <model>   Load a session or model
+  /save <model>   Save your current session
   /clear          Clear session context
   /bye            Exit
   /?, /help       Help for a command
@@ -120,6 +121,14 @@ class Session:
     format: str | None = None
     load: Callable[[str | None, Options], runner.Runner] = runner.load
 
+    def print_history(self) -> None:
+        """The conversation so far (a model's MESSAGEs), as Ollama shows it at the start."""
+        for message in self.messages:
+            if message.role == "user":
+                print(f">>> {message.content}")
+            elif message.role == "assistant":
+                print(f"{message.content}\n")
+
     def request_options(self) -> Options:
         return Options().merged(self.options)
 
@@ -156,6 +165,8 @@ class Session:
             print("Cleared session context")
         elif cmd == "/load":
             self._load(args)
+        elif cmd == "/save":
+            self._save(args)
         else:
             print(f"Unknown command '{cmd}'. Type /? for help")
         return True
@@ -249,6 +260,28 @@ class Session:
             print(runner.model_template(info).show())
         else:
             print(HELP_SHOW)
+
+    def _save(self, args: list[str]) -> None:
+        """A new model: this one, with the session's system message, parameters and conversation."""
+        from runner import config, store
+        from runner.store.create import CreateSpec, create
+
+        if len(args) != 1:
+            print("Usage:\n  /save <modelname>")
+            return
+        spec = CreateSpec(model=args[0], system=self.system, parameters=dict(self.options),
+                          messages=[{"role": m.role, "content": m.content} for m in self.messages])
+        if self.model and store.looks_like_path(self.model) and not store.is_default_name(self.model):
+            spec.from_file = Path(self.model).expanduser()
+        else:
+            spec.from_ = self.model or store.DEFAULT_MODEL
+        try:
+            for _ in create(config.load(), spec):
+                pass
+        except PollamaError as err:
+            render.error(str(err))
+            return
+        print(f"Created new model '{args[0]}'")
 
     def _load(self, args: list[str]) -> None:
         if len(args) != 1:

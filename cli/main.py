@@ -10,7 +10,7 @@ import typer
 
 import runner
 from runner import config, store
-from runner.api import Options, PollamaError, Request, coerce_option
+from runner.api import Message, Options, PollamaError, Request, coerce_option
 from runner.version import pollama_version
 
 from . import render
@@ -94,6 +94,7 @@ def run(
     format: Optional[str] = typer.Option(None, "--format", help='Response format (e.g. "json")'),
     option: List[str] = typer.Option([], "--option", "-o", metavar="NAME=VALUE",
                                      help="Model option, e.g. -o num_ctx=8192 -o temperature=0 (repeatable)"),
+    insecure: bool = typer.Option(False, "--insecure", help="Use an insecure registry when the model is pulled"),
 ) -> None:
     """Run a model: a chat REPL on a terminal, or a one-shot answer to PROMPT (or piped stdin)."""
     cfg = config.load()
@@ -102,11 +103,15 @@ def run(
         raise _fail(f'invalid format "{format}": only "json" is supported')
     model, words = _split_model_and_prompt(list(args or []), cfg)
     user_options = _parse_options(option)
+    from .store_cmds import resolve_or_pull
+
     try:
-        defaults = store.model_defaults(store.resolve(model, cfg))
+        defaults = store.model_defaults(resolve_or_pull(cfg, model, insecure))
         options = runner.checked_options(Options().merged(defaults.params).merged(user_options))
     except PollamaError as err:
         raise _fail(str(err))
+    except KeyboardInterrupt:
+        raise typer.Exit(130)
     prompts = list(words)
     interactive = True
     if not sys.stdin.isatty():
@@ -126,16 +131,23 @@ def run(
         if interactive:
             session = Session(model=model, runner=loaded, options={**defaults.params, **user_options},
                               verbose=verbose, wordwrap=not nowordwrap, format=format or None,
-                              system=defaults.system)
+                              system=defaults.system, messages=list(defaults.messages))
+            session.print_history()
             repl(session, nohistory=cfg.nohistory)
             loaded = session.runner
             return
         text = " ".join(prompts)
         if not text.strip():
             return  # nothing to say: the model was loaded (Ollama's preload), done
-        request = Request(prompt=text, system=defaults.system, options=options, format=format or None)
         writer = render.StreamWriter(wordwrap=not nowordwrap)
-        _, final = stream_response(loaded.generate(request), writer)
+        if defaults.messages:  # the model's MESSAGEs start the conversation: a chat turn
+            messages = store.starting_messages(defaults, [Message("user", text)])
+            request = Request(messages=messages, system=defaults.system, options=options, format=format or None)
+            chunks = loaded.chat(request)
+        else:
+            request = Request(prompt=text, system=defaults.system, options=options, format=format or None)
+            chunks = loaded.generate(request)
+        _, final = stream_response(chunks, writer)
         if verbose and final is not None and final.metrics is not None:
             final.metrics.load_duration = loaded.load_duration
             render.print_metrics(final.metrics, loaded.engine)
@@ -168,27 +180,49 @@ def list_models(prefix: Optional[str] = typer.Argument(None, help="Only models w
 @app.command()
 def show(
     model: str = typer.Argument(..., help="Model name or .gguf path"),
-    template: bool = typer.Option(False, "--template", help="Show the chat template"),
+    license: bool = typer.Option(False, "--license", help="Show license of a model"),
+    modelfile: bool = typer.Option(False, "--modelfile", help="Show Modelfile of a model"),
+    parameters: bool = typer.Option(False, "--parameters", help="Show parameters of a model"),
+    template: bool = typer.Option(False, "--template", help="Show template of a model"),
+    system: bool = typer.Option(False, "--system", help="Show system message of a model"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show all metadata"),
 ) -> None:
-    """Show information about a model (read from its GGUF; no server needed)."""
+    """Show information about a model (read from the store and its GGUF; no server needed)."""
+    from runner.store.modelfile import show as shown_of
+
     from .tables import show_text
 
+    flags = [name for name, on in (("license", license), ("modelfile", modelfile), ("parameters", parameters),
+                                   ("template", template), ("system", system)) if on]
+    if len(flags) > 1:
+        raise _fail("only one of '--license', '--modelfile', '--parameters', '--system', or '--template' can be specified")
     cfg = config.load()
     try:
         stored = store.resolve(model, cfg)
         info = runner.model_info(stored)
     except PollamaError as err:
         raise _fail(str(err))
-    if template:
+    if flags == ["template"]:  # the template prompts are rendered with, whichever kind it is
         print(runner.model_template(info).show())
+        return
+    if flags:
+        shown = shown_of(store.Layout(cfg.models), stored, info.chat_template or "",
+                         str(info.metadata.get("general.license") or ""))
+        text = getattr(shown, flags[0])
+        if text:
+            print(text)
+        elif flags[0] == "system":
+            print("No system message was specified for this model.")
         return
     print(show_text(info, verbose))
 
 
 
 from . import server_cmds  # noqa: E402,F401  (registers serve, ps, stop on the app)
+from . import store_cmds  # noqa: E402,F401  (registers pull, push, create, cp, rm on the app)
 
 
-if __name__ == "__main__":
-    app()
+if __name__ == "__main__":  # python -m cli.main: the commands are registered on cli.main's app
+    from cli.main import app as registered
+
+    registered()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 
@@ -155,3 +155,68 @@ def metrics_block(m: Metrics, engine: str) -> str:
 
 def print_metrics(m: Metrics, engine: str) -> None:
     stderr.print(metrics_block(m, engine), markup=False)
+
+
+class ProgressView:
+    """A pull's or create's progress on stderr, Ollama's way: each status on its own line, and a
+    bar per layer (``pulling 6a0746a1ec1a: 100% ▕███▏ 1.2 MB/1.2 MB 4.0 MB/s``) on a terminal.
+    Off a terminal, one line per status and one per finished layer."""
+
+    def __init__(self) -> None:
+        self.live = stderr.is_terminal
+        self.status = ""
+        self.tasks: dict[str, Any] = {}
+        self.done: set[str] = set()
+        self.bars = None
+        if self.live:
+            from rich.progress import (BarColumn, DownloadColumn, Progress, TaskProgressColumn,
+                                       TextColumn, TimeRemainingColumn, TransferSpeedColumn)
+
+            self.bars = Progress(TextColumn("{task.description}"), TaskProgressColumn(), BarColumn(),
+                                 DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                                 console=stderr, transient=False)
+
+    def __enter__(self) -> "ProgressView":
+        if self.bars is not None:
+            self.bars.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+
+    def update(self, status: str, digest: str = "", total: int = 0, completed: int = 0) -> None:
+        if not digest:
+            if status != self.status:
+                self.status = status
+                self._line(status)
+            return
+        if completed == 0 and digest not in self.tasks:
+            return  # the announcement before a download starts (Ollama skips it too)
+        label = f"{status}:"
+        if self.bars is not None:
+            task = self.tasks.get(digest)
+            if task is None:
+                task = self.tasks[digest] = self.bars.add_task(label, total=total or None)
+            self.bars.update(task, completed=completed, total=total or None)
+        else:
+            self.tasks.setdefault(digest, None)
+            if completed >= total and digest not in self.done:
+                self.done.add(digest)
+                self._line(f"{label} 100% {human_bytes(total)}")
+        self.status = status
+
+    def _line(self, text: str) -> None:
+        if self.bars is not None:
+            self.bars.console.print(text, markup=False, highlight=False)
+        else:
+            stderr.print(text, markup=False, highlight=False)
+
+
+def human_bytes(n: int) -> str:
+    """Ollama's format.HumanBytes: 1.2 MB, 253 MB, 4.7 GB (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.0f} {unit}" if value >= 100 else f"{value:.1f} {unit}"
+    return f"{n} B"

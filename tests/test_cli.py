@@ -146,7 +146,7 @@ def test_one_shot_stdin_is_prepended(_isolated_home):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["run", "nosuchmodel", "hi"], 'model "nosuchmodel" not found'),
+        (["show", "nosuchmodel"], 'model "nosuchmodel" not found'),  # run pulls it: test_cli_models
         (["run", "/nonexistent/x.gguf", "hi"], "no such file"),
         (["run", "-o", "bogus=1", "hi"], "invalid option provided: 'bogus'"),
         (["run", "-o", "temperature=hot", "hi"], "invalid value for option 'temperature'"),

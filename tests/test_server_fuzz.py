@@ -14,11 +14,13 @@ from schemathesis import GenerationMode
 from hypothesis import HealthCheck, Phase, given, settings
 
 from conftest import STORIES
+from registry import LocalRegistry
 from serverproc import ServerProcess
 from test_store_safety import canary_tree, snapshot_outside
 
 STORIES_PATH = str(STORIES)
 GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions"}
+REGISTRY = LocalRegistry()  # pulls go here (404 for what it lacks), never to the internet
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,9 @@ def fuzz_server():
     home = proc.models.parent
     proc.canaries = canary_tree(home)
     proc.outside = snapshot_outside(home, proc.models, ignore=(proc.log_path.name,))
+    REGISTRY.start()
     yield proc
+    REGISTRY.stop()
     code = proc.stop()
     assert code == 0, proc.last_log
     assert "Traceback" not in proc.last_log, proc.last_log
@@ -59,6 +63,11 @@ def tame(path: str, body: object) -> None:
     # store operations (copy, delete, show) keep their generated names: the canaries watch them
     if path in GENERATING or path.startswith(("/api/embed", "/v1/embed")):
         body["model"] = STORIES_PATH
+    if path in ("/api/pull", "/api/push"):
+        for key in ("model", "name"):  # the fuzzed name, on our registry
+            if isinstance(body.get(key), str) and body[key]:
+                body[key] = f"{REGISTRY.host}/library/{body[key]}"
+        body["insecure"] = True
     if path in ("/api/generate", "/api/chat"):
         options = body.get("options")
         if not isinstance(options, dict):

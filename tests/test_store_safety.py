@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+from urllib.parse import quote
 from pathlib import Path
 
 import httpx
@@ -292,3 +293,53 @@ def test_a_broken_gguf_file_says_what_is_wrong(sandbox, tmp_path):
               httpx.post(sandbox.url + "/api/show", json={"model": str(bad)}),
               httpx.post(sandbox.url + "/api/generate", json={"model": str(bad), "prompt": "x"})):
         assert r.status_code == 400 and "truncated" in r.text, r.text
+
+
+def _store_change_calls(url: str, name: str) -> list[httpx.Response]:
+    """The calls of issue 9 that take a name, a path or a digest from the request."""
+    quoted = quote(name, safe="")
+    with httpx.Client(base_url=url, timeout=60) as c:
+        return [
+            c.post("/api/pull", json={"model": name, "insecure": True, "stream": False}),
+            c.post("/api/create", json={"model": name, "from": STORIES_PATH, "stream": False}),
+            c.post("/api/create", json={"model": "safe:x", "from": name, "stream": False}),
+            c.post("/api/create", json={"model": "safe:x", "files": {name: name}, "stream": False}),
+            c.post("/api/create", json={"model": "safe:x", "files": {name: "sha256:" + "a" * 64}, "stream": False}),
+            c.head("/api/blobs/" + quoted),
+            c.post("/api/blobs/" + quoted, content=b"canary: uploaded"),
+            c.post("/api/push", json={"model": name}),
+        ]
+
+
+def test_traversal_in_pull_create_and_blobs(sandbox):
+    base, models = sandbox.base, sandbox.models
+    before = snapshot_outside(base, models)
+    names = TRAVERSAL + [str(p) for p in sandbox.canaries] + [
+        str(base / "victim"), "/etc/passwd", "/", "sha256:../../victim", "sha256-" + "0" * 63 + "/",
+        "sha256:" + "0" * 64 + "/../../../victim"]
+    for name in names:
+        for response in _store_change_calls(sandbox.url, name):
+            assert response.status_code < 500, (name, response.request.url, response.text)
+    assert snapshot_outside(base, models) == before
+    for path, data in sandbox.canaries.items():
+        assert path.read_bytes() == data, path
+    assert not any(b"canary" in blob for blob in blob_contents(models))
+    assert "safe:x" not in [m["name"] for m in httpx.get(sandbox.url + "/api/tags").json()["models"]]
+
+
+def test_bad_digests_are_400(sandbox):
+    for digest in ("sha256:xyz", "sha256:" + "0" * 63, "md5:" + "0" * 32, "sha256-" + "0" * 65, "..", "%2e%2e"):
+        assert httpx.head(f"{sandbox.url}/api/blobs/{digest}").status_code in (400, 404), digest
+        r = httpx.post(f"{sandbox.url}/api/blobs/{digest}", content=b"x")
+        assert r.status_code in (400, 404) and "error" in r.json(), (digest, r.text)
+    r = httpx.post(f"{sandbox.url}/api/blobs/sha256:xyz", content=b"x")
+    assert r.status_code == 400 and "invalid blob digest" in r.json()["error"]
+
+
+def test_create_from_a_file_that_is_not_a_model_says_nothing(sandbox):
+    """``from`` a path follows resolve()'s rule for network names: a non-GGUF file is not found."""
+    for path in (str(sandbox.base / "secret.txt"), "/etc/passwd", "/etc/shadow"):
+        r = httpx.post(sandbox.url + "/api/create", json={"model": "stolen:x", "from": path, "stream": False})
+        assert r.status_code == 404 and "canary" not in r.text and "root:" not in r.text, (path, r.text)
+        assert r.json() == {"error": f'base model "{path}" not found'}
+    assert not (sandbox.models / "manifests" / "registry.ollama.ai" / "library" / "stolen").exists()

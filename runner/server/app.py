@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from runner import config as _config
 from runner.api import PollamaError
 
-from . import ollama_api, openai_api
+from . import ollama_api, openai_api, store_api
 from .disconnect import TrackClient
 from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
 from .middleware import GuardMiddleware, Hosts, Origins
@@ -95,6 +95,7 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
         return _error(request, err.status_code, message)
 
     app.include_router(ollama_api.router)
+    app.include_router(store_api.router)
     app.include_router(openai_api.router)
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(GuardMiddleware, origins=Origins.of(cfg.origins), hosts=Hosts.of(cfg.host))

@@ -28,6 +28,7 @@ log = logging.getLogger("runner.server")
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 JSON = "application/json; charset=utf-8"
+BINARY_PATHS = ("/api/blobs/",)  # bodies that are not JSON: streamed to their handler as they come
 
 
 def now_iso() -> str:
@@ -208,7 +209,8 @@ def lone_surrogate(body: bytes) -> bool:
 
 class JsonBodyMiddleware:
     """The request boundary for the API's JSON bodies (POST, PUT, PATCH, DELETE under ``/api/`` and
-    ``/v1/``): the body is read whole before any handler runs, and
+    ``/v1/``; not the blob uploads of :data:`BINARY_PATHS`): the body is read whole before any
+    handler runs, and
 
     - it is JSON whatever the content type says: ``curl -d '{...}'`` sends
       ``application/x-www-form-urlencoded`` and Ollama reads the body as JSON anyway;
@@ -223,7 +225,7 @@ class JsonBodyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
         if (scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH", "DELETE")
-                or not path.startswith(("/api/", "/v1/"))):
+                or not path.startswith(("/api/", "/v1/")) or path.startswith(BINARY_PATHS)):
             await self.app(scope, receive, send)
             return
         body = await _read_body(receive)

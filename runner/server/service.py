@@ -136,8 +136,11 @@ class Service:
         durations measured from ``t0`` (the handler's start). Errors raise from the iterator."""
         stored = self.resolve(name)
         request.options = build_options(stored, raw_options)
+        defaults = store.model_defaults(stored)
         if request.system is None:
-            request.system = store.model_defaults(stored).system
+            request.system = defaults.system
+        if chat and defaults.messages:  # the model's MESSAGEs start every conversation
+            request.messages = store.starting_messages(defaults, list(request.messages or []))
         # chosen for the model named: models with one GGUF share a runner, not their TEMPLATE
         request.chat_template = prompt.select(request.template, self.scheduler.model_info(stored))
         check_top_logprobs(request.top_logprobs)

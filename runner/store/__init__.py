@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import config as _config
 from .. import ggufmeta
-from ..api import InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError
+from ..api import InvalidModel, InvalidRequest, Message, ModelNotFound, Options, PollamaError
 from . import blobs, manifests
 from .layout import Layout, OutsideStore
 from .manifests import MODEL_MEDIA_TYPE
@@ -33,9 +33,9 @@ from .names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG, InvalidName, Na
 
 __all__ = [
     "DEFAULT_MODEL", "DEFAULT_HOST", "DEFAULT_NAMESPACE", "DEFAULT_TAG", "MODEL_MEDIA_TYPE",
-    "InvalidName", "Layout", "ModelDefaults", "Name", "OutsideStore", "StoredModel", "copy",
+    "InvalidName", "Layout", "ModelDefaults", "ModelNotFound", "Name", "OutsideStore", "StoredModel", "copy",
     "default_model_path", "delete", "digest", "is_default_name", "is_name", "list_models",
-    "looks_like_path", "model_defaults", "parse_name", "resolve",
+    "looks_like_path", "model_defaults", "parse_name", "resolve", "starting_messages",
 ]
 
 DEFAULT_MODEL = "smollm2:135m"
@@ -238,15 +238,37 @@ def delete(cfg: _config.Config, name: str) -> None:
 # ------------------------------------------------------------------------- Modelfile layers
 @dataclass
 class ModelDefaults:
-    """What a store model's manifest adds: Modelfile PARAMETERs, a SYSTEM prompt and a TEMPLATE."""
+    """What a store model's manifest adds: Modelfile PARAMETERs, SYSTEM, MESSAGEs, TEMPLATE."""
 
     params: dict[str, Any] = field(default_factory=dict)
     system: str | None = None
-    template: str | None = None  # Go template text (layer "template", or the legacy "prompt")
+    messages: list[Message] = field(default_factory=list)  # the conversation's starting history
+    template: str | None = None  # the TEMPLATE layer (Go template syntax), as stored
+
+
+def starting_messages(defaults: ModelDefaults, messages: list[Message]) -> list[Message]:
+    """A chat's messages with the model's MESSAGEs put first, after any leading system messages
+    (``/api/chat`` and ``pollama run``; the model's SYSTEM is added later, where it is now)."""
+    if not defaults.messages:
+        return list(messages)
+    lead = 0
+    while lead < len(messages) and messages[lead].role == "system":
+        lead += 1
+    return list(messages[:lead]) + list(defaults.messages) + list(messages[lead:])
+
+
+def _messages(path: Path, name: str) -> list[Message]:
+    try:
+        raw = json.loads(path.read_text())
+        return [Message(str(m["role"]), str(m.get("content") or "")) for m in raw
+                if isinstance(m, dict) and m.get("role") in ("system", "user", "assistant", "tool")]
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        log.warning("ignoring unreadable messages of %s: %s", name, err)
+        return []
 
 
 def model_defaults(stored: StoredModel) -> ModelDefaults:
-    """The PARAMETERs and SYSTEM a store model's manifest carries (empty for files and the default)."""
+    """What a store model's manifest carries besides its weights (empty for files and the default)."""
     out = ModelDefaults()
     params = stored.layers.get("params")
     if params is not None:
@@ -264,6 +286,9 @@ def model_defaults(stored: StoredModel) -> ModelDefaults:
             out.system = system.read_text()
         except OSError:
             pass
+    messages = stored.layers.get("messages")
+    if messages is not None:
+        out.messages = _messages(messages, stored.name)
     template = stored.layers.get("template") or stored.layers.get("prompt")
     if template is not None:
         try:

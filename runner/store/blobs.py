@@ -8,15 +8,18 @@ ever imported.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 from .. import ggufmeta
-from .layout import Layout
+from ..api import InvalidRequest
+from .layout import Layout, digest_hex
 
 _CHUNK = 1 << 20
 
@@ -108,6 +111,81 @@ def import_gguf(layout: Layout, source: Path) -> tuple[str, int]:
     except BaseException:
         _unlink_quietly(tmp)
         raise
+
+
+def has_blob(layout: Layout, digest: str) -> bool:
+    """Whether the blob ``digest`` is in the store (raises OutsideStore for a bad digest)."""
+    return layout.blob(digest).is_file()
+
+
+@contextmanager
+def exclusive_partial(layout: Layout, digest: str) -> Iterator[Path]:
+    """``digest``'s partial file (``blobs/sha256-<hex>-partial``), held with an exclusive flock:
+    one writer per blob across threads and processes. A waiter must check afterwards whether
+    the blob arrived meanwhile."""
+    partial = layout.recheck(layout.partial(digest))
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield partial
+    finally:
+        if layout.blob(digest).is_file():  # the blob is whole: no partial file is needed
+            _unlink_quietly(partial)
+        os.close(fd)
+
+
+def promote(layout: Layout, partial: Path, digest: str) -> None:
+    """Rename a verified partial file into place as the blob ``digest`` (atomic)."""
+    os.chmod(partial, 0o644)
+    os.replace(layout.recheck(partial), layout.recheck(layout.blob(digest)))
+
+
+class Upload:
+    """A blob sent by a client (``POST /api/blobs/:digest``): written to its partial file while
+    hashed, renamed into place only when its sha256 is ``digest``. ``open``, ``write``...,
+    ``finish``, and always ``close``. Blocking: call from a worker thread."""
+
+    def __init__(self, layout: Layout, digest: str) -> None:
+        self.layout = layout
+        self.blob = layout.blob(digest)  # OutsideStore (400) for anything but sha256:<64 hex>
+        self.digest = f"sha256:{digest_hex(digest)}"
+        self._hash = hashlib.sha256()
+        self._held = None
+        self._file: BinaryIO | None = None
+        self._partial: Path | None = None
+
+    def open(self) -> None:
+        self._held = exclusive_partial(self.layout, self.digest)
+        self._partial = self._held.__enter__()
+        self._file = open(self._partial, "r+b")
+        self._file.truncate()
+
+    def write(self, data: bytes) -> None:
+        assert self._file is not None
+        self._file.write(data)
+        self._hash.update(data)
+
+    def finish(self) -> None:
+        assert self._file is not None and self._partial is not None
+        self._file.close()
+        got = f"sha256:{self._hash.hexdigest()}"
+        if self.blob.is_file():
+            _unlink_quietly(self._partial)
+            return
+        if got != self.digest:
+            _unlink_quietly(self._partial)
+            raise InvalidRequest(f'digest mismatch, expected "{self.digest}", got "{got}"')
+        promote(self.layout, self._partial, self.digest)
+
+    def close(self) -> None:
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+            if self._partial is not None:
+                _unlink_quietly(self._partial)  # an upload cut short is not resumed
+        if self._held is not None:
+            self._held.__exit__(None, None, None)
+            self._held = None
 
 
 def remove(layout: Layout, path: Path) -> None:

@@ -82,6 +82,13 @@ class Layout:
             raise OutsideStore(f"invalid blob digest {digest!r}")
         return self.inside("blobs", f"sha256-{hex_digest}")
 
+    def partial(self, digest: str) -> Path:
+        """Where ``digest``'s download or upload grows until it is verified (``sha256-<hex>-partial``)."""
+        hex_digest = digest_hex(digest)
+        if hex_digest is None:
+            raise OutsideStore(f"invalid blob digest {digest!r}")
+        return self.inside("blobs", f"sha256-{hex_digest}-partial")
+
     def relative_manifest(self, path: Path) -> tuple[str, ...]:
         """A manifest file's parts below ``manifests/`` (host, namespace, model, tag)."""
         return path.relative_to(self.manifests).parts

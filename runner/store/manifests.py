@@ -91,17 +91,27 @@ def remove(layout: Layout, name: Name) -> dict[str, Any]:
         manifest = {}
     blobs.remove(layout, path)
     blobs.prune_empty_dirs(layout, path.parent, layout.manifests)
-    still_used: set[str] = set()
+    prune(layout, digests(manifest))
+    return manifest
+
+
+def in_use(layout: Layout) -> set[str]:
+    """The hex digests every manifest in the store names."""
+    used: set[str] = set()
     for _, other in names(layout):
         try:
             other_manifest = json.loads(other.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(other_manifest, dict):
-            still_used |= digests(other_manifest)
-    for hex_digest in digests(manifest) - still_used:
+            used |= digests(other_manifest)
+    return used
+
+
+def prune(layout: Layout, candidates: set[str]) -> None:
+    """Remove the blobs among ``candidates`` (hex digests) that no manifest names any more."""
+    for hex_digest in candidates - in_use(layout):
         try:
             blobs.remove(layout, layout.blob(f"sha256:{hex_digest}"))
         except OutsideStore:  # a blob path that is a link out of the store: leave it
             log.warning("not removing blob sha256-%s: it leads outside the store", hex_digest)
-    return manifest

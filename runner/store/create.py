@@ -1,0 +1,229 @@
+"""Create a model in the store: ``pollama create NAME -f Modelfile``, ``POST /api/create``, ``/save``.
+
+The request is Ollama's (``api.CreateRequest``): the weights come from ``files`` ({file name:
+blob digest}, uploaded first with ``POST /api/blobs/:digest``), or from ``from`` (a model of the
+store, the built-in default model, or a ``.gguf`` path), or — for the CLI — from a local ``.gguf``
+file (``from_file``), which is copied into the store. Every GGUF is checked (a valid header)
+before it becomes a model layer. Then, as Ollama does:
+
+- ``template``, ``system``: replace the base model's layer of that kind;
+- ``parameters``: merged over the base model's (a name given wins);
+- ``messages``: replace the base model's when given (a JSON list of ``{role, content}``);
+- ``license``: one layer per text, added to the base model's;
+- ``adapters`` and ``quantize`` are refused (pollama applies no LoRA and does not quantize).
+
+Statuses: ``parsing GGUF`` / ``using existing layer sha256:…`` / ``creating new layer sha256:…``,
+``writing manifest``, ``success``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from .. import config as _config
+from .. import ggufmeta
+from ..api import Cancelled, InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError, coerce_option
+from . import blobs, manifests
+from .layout import Layout, OutsideStore, digest_hex
+from .manifests import CONFIG_MEDIA_TYPE, LAYER_MEDIA_PREFIX, MANIFEST_MEDIA_TYPE, MODEL_MEDIA_TYPE
+from .progress import Progress
+
+log = logging.getLogger(__name__)
+
+TEMPLATE = LAYER_MEDIA_PREFIX + "template"
+SYSTEM = LAYER_MEDIA_PREFIX + "system"
+PARAMS = LAYER_MEDIA_PREFIX + "params"
+MESSAGES = LAYER_MEDIA_PREFIX + "messages"
+LICENSE = LAYER_MEDIA_PREFIX + "license"
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass
+class CreateSpec:
+    model: str
+    from_: str = ""
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 digest
+    adapters: dict[str, str] = field(default_factory=dict)
+    template: str | None = None
+    system: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    license: str | list[str] | None = None
+    quantize: str = ""
+    from_file: Path | None = None  # the CLI's local .gguf (never set from a request)
+
+    def check(self) -> None:
+        """Refuse a request that cannot work, before anything is written (InvalidRequest)."""
+        from . import _store_name
+
+        _store_name(self.model, "model")
+        if self.quantize:
+            raise InvalidRequest(f'quantize "{self.quantize}" is not supported: pollama creates '
+                                 "models from GGUF files as they are (quantize with llama.cpp's llama-quantize)")
+        if self.adapters:
+            raise InvalidRequest("adapters are not supported: pollama does not apply LoRA adapters")
+        if not (self.from_ or self.files or self.from_file):
+            raise InvalidRequest("neither 'from' or 'files' was specified")
+        ggufs = [n for n in self.files if n.lower().endswith(".gguf")] or list(self.files)
+        if len(ggufs) > 1:
+            raise InvalidRequest("only one GGUF file per model is supported")
+        for name, digest in self.files.items():
+            if digest_hex(digest) is None:
+                raise InvalidRequest(f'invalid digest "{digest}" for file "{name}"')
+        self.parameters = checked_parameters(self.parameters)
+        self.messages = checked_messages(self.messages)
+        for text in self.licenses():
+            if not isinstance(text, str):
+                raise InvalidRequest("license must be a string or a list of strings")
+
+    def licenses(self) -> list[Any]:
+        if self.license is None or self.license == "":
+            return []
+        return list(self.license) if isinstance(self.license, list) else [self.license]
+
+
+def checked_parameters(values: dict[str, Any]) -> dict[str, Any]:
+    """Parameters with known names and the right types (InvalidRequest otherwise)."""
+    if not isinstance(values, dict):
+        raise InvalidRequest("parameters must be an object")
+    known = set(Options.names())
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in known:
+            raise InvalidRequest(f"unknown parameter '{name}'")
+        if value is not None:
+            out[name] = coerce_option(name, value)
+    return out
+
+
+def checked_messages(values: list[Any]) -> list[dict[str, str]]:
+    out = []
+    for item in values:
+        if not isinstance(item, dict) or not isinstance(item.get("content", ""), str):
+            raise InvalidRequest("messages must be a list of {role, content}")
+        role = item.get("role")
+        if role not in ROLES:
+            raise InvalidRequest(f'message role must be one of "system", "user", or "assistant", not {role!r}')
+        out.append({"role": role, "content": item.get("content") or ""})
+    return out
+
+
+# ------------------------------------------------------------------------------------ create
+def _layer(layout: Layout, media: str, data: bytes) -> tuple[dict[str, Any], Progress]:
+    exists = layout.blob("sha256:" + hashlib.sha256(data).hexdigest()).is_file()
+    digest = blobs.write_blob(layout, data)
+    status = f"{'using existing' if exists else 'creating new'} layer {digest}"
+    return {"mediaType": media, "digest": digest, "size": len(data)}, Progress(status)
+
+
+def _gguf_layer(layout: Layout, blob: Path, digest: str) -> dict[str, Any]:
+    try:
+        ggufmeta.read_gguf_header(blob)
+    except PollamaError as err:
+        raise InvalidModel(f"supplied file was not in GGUF format: {err}") from None
+    return {"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": blob.stat().st_size}
+
+
+def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Iterator[Progress]:
+    """The base model's layers (model first): from files, a local file, or ``from``."""
+    from . import looks_like_path, resolve
+
+    if spec.files:
+        name, digest = next((n, d) for n, d in spec.files.items()
+                            if n.lower().endswith(".gguf") or len(spec.files) == 1)
+        blob = layout.blob(digest)
+        if not blob.is_file():
+            raise InvalidRequest(f'file "{name}" was not uploaded: no blob {digest} (POST /api/blobs/{digest} first)')
+        yield Progress("parsing GGUF")
+        return [_gguf_layer(layout, blob, f"sha256:{digest_hex(digest)}")]
+    if spec.from_file is not None:
+        yield Progress("parsing GGUF")
+        digest, size = blobs.import_gguf(layout, spec.from_file)
+        return [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": size}]
+    try:
+        stored = resolve(spec.from_, cfg, from_network=True)
+    except ModelNotFound:
+        hint = "" if looks_like_path(spec.from_) else " (pull it first)"
+        raise ModelNotFound(f'base model "{spec.from_}" not found{hint}') from None
+    if stored.manifest is None:  # the default model or a .gguf path: imported (copied)
+        yield Progress("parsing GGUF")
+        digest, size = blobs.import_gguf(layout, stored.path)
+        return [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": size}]
+    layers = [dict(layer) for layer in manifests.layers(stored.manifest)]
+    for layer in layers:
+        yield Progress(f"using existing layer {layer.get('digest')}")
+    return layers
+
+
+def _read_json_layer(layout: Layout, layers: list[dict[str, Any]], media: str) -> Any:
+    for layer in layers:
+        if layer.get("mediaType") == media:
+            try:
+                return json.loads(layout.blob(str(layer.get("digest", ""))).read_text())
+            except (OSError, ValueError, OutsideStore):
+                return None
+    return None
+
+
+def _without(layers: list[dict[str, Any]], media: str) -> list[dict[str, Any]]:
+    return [layer for layer in layers if layer.get("mediaType") != media]
+
+
+def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | None = None) -> Iterator[Progress]:
+    """Create ``spec.model``, yielding progress. Raises InvalidRequest/InvalidModel/ModelNotFound."""
+    from . import _store_name
+
+    spec.check()
+    name = _store_name(spec.model, "model")
+    layout = Layout(cfg.models)
+    layers = yield from _base_layers(cfg, layout, spec)
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("the create was cancelled")
+    new: list[Progress] = []
+
+    def put(media: str, data: bytes, replace: bool = True) -> None:
+        nonlocal layers
+        if replace:
+            layers = _without(layers, media)
+        layer, progress = _layer(layout, media, data)
+        layers.append(layer)
+        new.append(progress)
+
+    if spec.template:
+        put(TEMPLATE, spec.template.encode())
+    if spec.system:
+        put(SYSTEM, spec.system.encode())
+    for text in spec.licenses():
+        if text:
+            put(LICENSE, text.encode(), replace=False)
+    params = dict(_read_json_layer(layout, layers, PARAMS) or {})
+    if spec.parameters:
+        params.update(spec.parameters)
+        put(PARAMS, json.dumps(params).encode())
+    if spec.messages:
+        put(MESSAGES, json.dumps(spec.messages).encode())
+    yield from new
+    config = json.dumps({"model_format": "gguf", "model_family": "", "file_type": ""}).encode()
+    config_digest = blobs.write_blob(layout, config)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
+        "layers": layers,
+    }
+    yield Progress("writing manifest")
+    try:
+        previous = manifests.read(layout, name)
+    except PollamaError:
+        previous = None
+    manifests.write(layout, name, manifest)
+    if previous is not None:
+        manifests.prune(layout, manifests.digests(previous))
+    log.info("created %s", name)
+    yield Progress("success")
