@@ -17,7 +17,8 @@ import pytest
 
 from runner.api import InvalidModel, InvalidRequest
 from runner.model import Tokenizer, load_tokenizer
-from runner.model.tokenizer import TokenAttr
+from runner.model.pretokenize import PRE_TYPES
+from runner.model.tokenizer import TokenAttr, read_tokenizer_metadata, refusal
 
 import llama_cpp  # noqa: E402  (a hard dependency: the reference implementation)
 
@@ -447,3 +448,157 @@ def test_not_a_gguf(tmp_path: Path) -> None:
         load_tokenizer(bogus)
     with pytest.raises(InvalidModel):
         load_tokenizer(tmp_path / "missing.gguf")
+
+
+# ---------------------------------------------------------------- every pre-tokenizer llama.cpp knows
+# gpt-2's vocabulary with only tokenizer.ggml.pre changed, against llama.cpp loading the same file.
+# The texts hit each regex's corners: digit runs (grouped by 1, 3, from the right), CJK / kana /
+# hangul ranges, contractions in both cases, ASCII and full-width punctuation, camel case,
+# newlines, whitespace runs (jais-2 cuts them at 512, 256, ... 4), non-ASCII whitespace, marks.
+PRE_CORPUS = [
+    "Hello world", "I'm here, you're there; it's 12345678 o'clock!", "it's IT'S They'LL we'VE I'd",
+    "  multiple   spaces\n\n\tand\ttabs \r\n", "我想在apple工作1314151天～", "こんにちは世界、カタカナ ｶﾀｶﾅ",
+    "한국어 문장 ㄱㄴ ㄅㄆ", "нещо на Български 2024г.", "ÉCOLE école Straße ǅ ǈ ΑΒΓ αβγ Ω K",
+    "e\u0301 a\u0300\u0316 \u200b\u200d", "🦙🦙 😀 👨‍👩‍👧", "def f(x):\n    return x ** 2  # sq\n\n",
+    "1,234,567.89 and 000123 and 12 and 1234567890123", "<sentinel:12> IMGIMGABCZ IMGIMGAZ IMGIMGJZ",
+    "（全角）！？：；「」", "…。，、।۔،", "\u3000\xa0\u2028x\u2029\u1680", "x\x1cy\x1dz\x85w\x0b\x0c",
+    "١٢٣ ٤٥ ½ Ⅻ ² ³", "a+b=c; $x^2 | ~y `z` <tag> @user #1 50%", "\n\n\n   \n  x  ", "   ",
+    "camelCaseHTTPServer XMLHttpRequest iPhone McDonald's", "العربية", "हिन्दी", "ภาษาไทย", "ខ្មែរ ၁၂ ꩠ",
+    "\U00031350 \u0558's", "path/to/file.py:12\r\nnext", "end with spaces   ", " " * 600 + "x",
+    "\t" * 9 + "y", "ab1234cd56", "x" * 40 + "1" * 40,
+]
+_PRE_NAMES = sorted(n for n in PRE_TYPES if n)
+_ONE_NAME_PER_TYPE = sorted({PRE_TYPES[n].regexes: n for n in reversed(_PRE_NAMES)}.values())
+
+
+def _pre_vocab(name: str, directory: Path, base: str = "gpt-2") -> Path:
+    return _gguf_with(VOCAB_DIR / f"ggml-vocab-{base}.gguf", directory / f"pre-{name}.gguf",
+                      {"tokenizer.ggml.pre": name})
+
+
+def _compare_with_oracle(path: Path, texts: list[str]) -> list[tuple[str, bool, bool, list[int], list[int]]]:
+    tok = load_tokenizer(path)
+    oracle = Oracle.load(path)
+    try:
+        assert tok.add_bos == llama_cpp.llama_vocab_get_add_bos(oracle.vocab)
+        assert (tok.bos_id if tok.bos_id is not None else -1) == llama_cpp.llama_vocab_bos(oracle.vocab)
+        return [(text, a, p, want, got) for text in texts for a in (False, True) for p in (False, True)
+                if (got := tok.encode(text, add_special=a, parse_special=p)) != (want := oracle.encode(text, a, p))]
+    finally:
+        oracle.free()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _ONE_NAME_PER_TYPE)
+def test_pre_tokenizer_matches_llama_cpp(name: str, tmp_path: Path) -> None:
+    rng = random.Random(zlib.crc32(name.encode()))
+    texts = PRE_CORPUS + [_random_text(rng) for _ in range(80)] + [
+        "".join(rng.choice(RUN_UNITS) for _ in range(rng.randint(20, 300))) for _ in range(10)]
+    failures = _compare_with_oracle(_pre_vocab(name, tmp_path), texts)
+    assert not failures, f"{name}: {len(failures)} differ, first: {failures[0]!r}"
+
+
+@pytest.mark.slow
+def test_pre_tokenizers_on_a_cjk_vocabulary(tmp_path: Path) -> None:
+    """The regexes that single out CJK, kana, hangul or digit groups, on Qwen2's vocabulary (rich in them)."""
+    for name in ("deepseek-llm", "deepseek-coder", "deepseek-v3", "youtu", "afmoe", "tiny_aya"):
+        failures = _compare_with_oracle(_pre_vocab(name, tmp_path, "qwen2"), PRE_CORPUS)
+        assert not failures, f"{name}: {len(failures)} differ, first: {failures[0]!r}"
+
+
+@pytest.mark.slow
+def test_every_pre_tokenizer_name_is_llama_cpps(tmp_path: Path) -> None:
+    """Each other name in the table means to us what it means to llama.cpp (regexes and flags)."""
+    failures = {}
+    for name in sorted(set(_PRE_NAMES) - set(_ONE_NAME_PER_TYPE)):
+        bad = _compare_with_oracle(_pre_vocab(name, tmp_path), PRE_CORPUS[:12])
+        if bad:
+            failures[name] = bad[0]
+    assert not failures, f"{len(failures)} names differ: {failures!r}"[:2000]
+
+
+@pytest.mark.parametrize("pre", ["kimi-k2", "whitespace", "no-such-pre-tokenizer"])
+def test_refused_pre_tokenizer_is_a_clear_error(pre: str, tmp_path: Path) -> None:
+    path = _pre_vocab(pre, tmp_path)
+    assert refusal(read_tokenizer_metadata(path)) == f"unsupported pre-tokenizer {pre!r}"
+    with pytest.raises(InvalidModel, match="unsupported pre-tokenizer"):
+        load_tokenizer(path)
+
+
+# ------------------------------------------------- a refused vocabulary: the new engine falls back
+def _write_bpe_llama(path: Path, pre: str) -> None:
+    """A tiny random-weight llama whose vocabulary is byte-level BPE with pre-tokenizer ``pre``."""
+    import gguf
+    import numpy as np
+
+    byte_chars = [c for c in (chr(b) for b in range(0x21, 0x7F))] + [chr(b) for b in range(0xA1, 0x100) if b != 0xAD]
+    byte_chars += [chr(0x100 + i) for i in range(256 - len(byte_chars))]
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
+    tokens = byte_chars + [m.replace(" ", "") for m in merges] + ["<|endoftext|>"]
+    n_vocab, n_embd, n_ff, n_layer = len(tokens), 32, 64, 2
+    rng = np.random.default_rng(3)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("random-bpe-llama")
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(n_layer)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(n_embd // 4)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (n_vocab - 1) + [3])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(n_vocab - 1)
+    w.add_eos_token_id(n_vocab - 1)
+
+    def rnd(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", rnd(n_vocab, n_embd))
+    w.add_tensor("output_norm.weight", 1.0 + rnd(n_embd))
+    w.add_tensor("output.weight", rnd(n_vocab, n_embd))
+    kv = n_embd // 4 * 2
+    for i in range(n_layer):
+        for name, shape in [("attn_norm", (n_embd,)), ("attn_q", (n_embd, n_embd)), ("attn_k", (kv, n_embd)),
+                            ("attn_v", (kv, n_embd)), ("attn_output", (n_embd, n_embd)), ("ffn_norm", (n_embd,)),
+                            ("ffn_gate", (n_ff, n_embd)), ("ffn_up", (n_ff, n_embd)), ("ffn_down", (n_embd, n_ff))]:
+            w.add_tensor(f"blk.{i}.{name}.weight", rnd(*shape) + (1.0 if len(shape) == 1 else 0.0))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("pre, engine", [("kimi-k2", "old"), ("gpt-2", "new")])
+def test_new_engine_falls_back_on_a_refused_vocabulary(pre: str, engine: str, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """OLLAMA_NEW_ENGINE=1 with a vocabulary our tokenizer refuses: the old engine, one notice, and
+    it still answers; with one it takes (the control), the new engine and no notice."""
+    import dataclasses
+
+    import runner
+    from runner import config
+    from runner.api import Options, Request
+
+    path = tmp_path / f"bpe-llama-{pre}.gguf"
+    _write_bpe_llama(path, pre)
+    cfg = config.load({"OLLAMA_NEW_ENGINE": "1"})
+    assert cfg.new_engine
+    with caplog.at_level("WARNING", logger="runner"):
+        r = runner.load(str(path), Options(num_ctx=128), cfg, num_parallel=1)
+    try:
+        assert r.engine == engine
+        notices = [rec for rec in caplog.records if "using the old engine" in rec.getMessage()]
+        if engine == "old":
+            assert len(notices) == 1 and f"unsupported pre-tokenizer {pre!r}" in notices[0].getMessage()
+        else:
+            assert notices == []
+        chunks = list(r.generate(Request(prompt="the sun", raw=True, options=Options(num_predict=4, temperature=0))))
+        assert chunks[-1].done and chunks[-1].metrics.eval_count == 4
+    finally:
+        r.close()

@@ -32,7 +32,7 @@ import logging
 import math
 import mmap
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntFlag
 from itertools import chain, repeat
@@ -48,7 +48,7 @@ from runner.model.pretokenize import PRE_REGEXES, PRE_TYPES, PreTokenizer, PreTy
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Tokenizer", "TokenAttr", "load_tokenizer", "read_tokenizer_metadata"]
+__all__ = ["Tokenizer", "TokenAttr", "load_tokenizer", "read_tokenizer_metadata", "refusal"]
 
 
 class TokenAttr(IntFlag):
@@ -722,19 +722,34 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load the tokenizer of a GGUF model (or vocab-only) file.
 
     Raises :class:`runner.api.InvalidModel` when the file is not a GGUF, has no vocabulary, or
-    uses a tokenizer other than ``llama`` (SPM) / ``gpt2`` (BPE) with a supported pre-tokenizer.
+    has one that :func:`refusal` refuses.
     """
     return Tokenizer(_configure(read_tokenizer_metadata(path), str(path)))
 
 
-def _configure(meta: dict[str, Any], where: str) -> _Config:
+def refusal(meta: Mapping[str, Any]) -> str | None:
+    """Why :func:`load_tokenizer` refuses the vocabulary that a GGUF's key/values ``meta`` describe
+    (scalars are enough: arrays are not looked at), or None when it takes it.
+
+    It takes ``llama`` (SPM) and ``gpt2`` (byte-level BPE) vocabularies whose ``tokenizer.ggml.pre``
+    is one of :data:`runner.model.pretokenize.PRE_TYPES`; a file can still fail to load later for
+    a broken vocabulary (no tokens, no merges).
+    """
     model = meta.get("tokenizer.ggml.model")
     if model not in ("llama", "gpt2"):
-        raise InvalidModel(f"{where}: unsupported tokenizer model {model!r} (need 'llama' or 'gpt2')")
+        return f"unsupported tokenizer model {model!r} (need 'llama' or 'gpt2')"
+    if model == "gpt2" and str(meta.get("tokenizer.ggml.pre", "")) not in PRE_TYPES:
+        return f"unsupported pre-tokenizer {meta.get('tokenizer.ggml.pre')!r}"
+    return None
+
+
+def _configure(meta: dict[str, Any], where: str) -> _Config:
+    why = refusal(meta)
+    if why is not None:
+        raise InvalidModel(f"{where}: {why}")
+    model = meta["tokenizer.ggml.model"]
     pre = str(meta.get("tokenizer.ggml.pre", "")) if model == "gpt2" else "default"
     if model == "gpt2":
-        if pre not in PRE_TYPES:
-            raise InvalidModel(f"{where}: unsupported pre-tokenizer {pre!r}")
         if "tokenizer.ggml.merges" not in meta:
             raise InvalidModel(f"{where}: BPE vocabulary without tokenizer.ggml.merges")
         if not pre:
