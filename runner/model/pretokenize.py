@@ -6,9 +6,10 @@ name to a type and a few flags, and ``llm_tokenizer_bpe`` maps the type to a lis
 splits every piece the previous ones left, and llama.cpp runs a regex one of three ways
 (``unicode_regex_split``), so we do too:
 
-* **hand-written** -- GPT-2's, Llama 3's, Qwen2's and Qwen3.5's regexes, a newline splitter and a
-  digit grouper have their own splitters there, with full Unicode classes. We run the same regex
-  with the ``regex`` package's Unicode classes (the digit grouper as the same rule in Python).
+* **hand-written** -- GPT-2's, Llama 3's, Qwen2's and Qwen3.5's regexes, a newline splitter, a
+  digit grouper and Kimi-K2's splitter have their own code there, with full Unicode classes. We
+  run the same regex with the ``regex`` package's Unicode classes (Kimi-K2's as the regex its code
+  implements, the digit grouper as the same rule in Python).
   Their pieces tile the text.
 * **collapsed** -- a regex with Unicode classes (``\p{L}``, ``\p{N}``, ``\p{P}``, ``\p{M}``,
   ``\p{S}``, ``\p{Lu}``, ...) goes through ``std::regex`` on a collapsed text: ASCII stays, any
@@ -159,6 +160,7 @@ LLAMA3 = _C + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
 QWEN2 = _C + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|" + _TAIL
 QWEN35 = _C + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|" + _TAIL
 NEWLINES = r"[^\n]+|[\n]+"
+KIMI_K2 = r"\p{Han}+"  # stands for a whole hand-written splitter there
 AFMOE_DIGITS = r"\p{AFMoE_digits}"
 TINY_AYA_DIGITS = r"\d{1,3}(?=(?:\d{3})*\b)"
 _PUNCT_WORD = r'''[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+'''
@@ -222,6 +224,7 @@ PRE_REGEXES: dict[str, tuple[str, ...]] = {
     "laguna": (NEWLINES, QWEN2),
     "exaone-moe": (_C + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
                    r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",),
+    "kimi-k2": (KIMI_K2,),
     "minicpm5": (r"\p{N}{1,3}", _C + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|" + _TAIL),
 }
 
@@ -274,6 +277,7 @@ def _pre_types() -> dict[str, PreType]:
         (("laguna",), PreType("laguna")),
         (("exaone-moe",), PreType("exaone-moe")),
         (("minicpm5",), PreType("minicpm5", ignore_merges=True)),
+        (("kimi-k2",), PreType("kimi-k2")),
     ]
     for names, pre in groups:
         table.update(dict.fromkeys(names, pre))
@@ -282,7 +286,8 @@ def _pre_types() -> dict[str, PreType]:
 
 # ``tokenizer.ggml.pre`` name -> its meaning. A name missing here is one llama.cpp does not know,
 # or one it does not run as regexes + byte-level BPE (gemma4, sarvam-moe and granite-embed-multi-311m
-# merge raw UTF-8; whitespace; kimi-k2's splitter): the tokenizer refuses those.
+# merge raw UTF-8 with SPM-style spaces; whitespace splits on whitespace only): the tokenizer
+# refuses those.
 PRE_TYPES = _pre_types()
 
 
@@ -296,8 +301,16 @@ _GPT2_TILING = GPT2 + r"|\s+"
 # numbers, tables and base64).
 _STARCODER = r"\p{N}|" + _GPT2_TILING.replace(r" ?\p{N}+|", "").replace(r"\s+(?!\S)", r"\s+(?![^\s\p{N}])")
 _FUSED: dict[tuple[str, str], str] = {(r"\p{N}", GPT2): _STARCODER}
+# Kimi-K2's splitter as one regex: Han runs; words of other letters (marks are not letters there)
+# after an optional non-letter, with a contraction; up to three digits; anything else but
+# whitespace, with trailing newlines; whitespace as in Llama 3.
+_HAN = (r"\u4E00-\u9FFF\u3400-\u4DBF\U00020000-\U0002A6DF\U0002A700-\U0002B73F\U0002B740-\U0002B81F"
+        r"\U0002B820-\U0002CEAF\U0002CEB0-\U0002EBEF\uF900-\uFAFF\U0002F800-\U0002FA1F")
+_KIMI_K2 = (rf"[{_HAN}]+|[^\r\n\p{{L}}\p{{N}}]?(?:(?![{_HAN}])\p{{L}})+(?:'[sStTmMdD]|'(?:[rR][eE]|[vV][eE]|[lL][lL]))?"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+|[\s\S]")
 _HAND_WRITTEN: dict[str, str] = {
-    GPT2: _GPT2_TILING, LLAMA3: LLAMA3, QWEN2: QWEN2, QWEN35: QWEN35, NEWLINES: NEWLINES, _STARCODER: _STARCODER}
+    GPT2: _GPT2_TILING, LLAMA3: LLAMA3, QWEN2: QWEN2, QWEN35: QWEN35, NEWLINES: NEWLINES, KIMI_K2: _KIMI_K2,
+    _STARCODER: _STARCODER}
 _DIGIT_GROUPERS = (AFMOE_DIGITS, TINY_AYA_DIGITS)
 
 

@@ -802,7 +802,7 @@ def _configure(meta: dict[str, Any], where: str) -> _Config:
     model = meta["tokenizer.ggml.model"]
     pre = str(meta.get("tokenizer.ggml.pre", "")) if model == "gpt2" else "default"
     if model == "gpt2":
-        if "tokenizer.ggml.merges" not in meta:
+        if "tokenizer.ggml.merges" not in meta and pre != "kimi-k2":  # llama.cpp lets Kimi-K2 go without
             raise InvalidModel(f"{where}: BPE vocabulary without tokenizer.ggml.merges")
         if not pre:
             log.warning("%s: no tokenizer.ggml.pre; using the 'default' pre-tokenizer", where)
