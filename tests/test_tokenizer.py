@@ -481,7 +481,8 @@ PRE_CORPUS = [
     "（全角）！？：；「」", "…。，、।۔،", "\u3000\xa0\u2028x\u2029\u1680", "x\x1cy\x1dz\x85w\x0b\x0c",
     "١٢٣ ٤٥ ½ Ⅻ ² ³", "a+b=c; $x^2 | ~y `z` <tag> @user #1 50%", "\n\n\n   \n  x  ", "   ",
     "camelCaseHTTPServer XMLHttpRequest iPhone McDonald's", "العربية", "हिन्दी", "ภาษาไทย", "ខ្មែរ ၁၂ ꩠ",
-    "\U00031350 \u0558's", "path/to/file.py:12\r\nnext", "end with spaces   ", " " * 600 + "x",
+    "\U00031350 \u0558's", "\ue000\ud7b0\uf900\u8c48 \ufa6e", "path/to/file.py:12\r\nnext", "end with spaces   ",
+    " " * 600 + "x",
     "\t" * 9 + "y", "ab1234cd56", "x" * 40 + "1" * 40,
 ]
 _PRE_NAMES = sorted(n for n in PRE_TYPES if n)

@@ -9,8 +9,7 @@ splits every piece the previous ones left, and llama.cpp runs a regex one of thr
 * **hand-written** -- GPT-2's, Llama 3's, Qwen2's and Qwen3.5's regexes, a newline splitter, a
   digit grouper and Kimi-K2's splitter have their own code there, with full Unicode classes. We
   run the same regex with the ``regex`` package's Unicode classes (Kimi-K2's as the regex its code
-  implements, the digit grouper as the same rule in Python).
-  Their pieces tile the text.
+  implements, the digit grouper as the same rule in Python). Their pieces tile the text.
 * **collapsed** -- a regex with Unicode classes (``\p{L}``, ``\p{N}``, ``\p{P}``, ``\p{M}``,
   ``\p{S}``, ``\p{Lu}``, ...) goes through ``std::regex`` on a collapsed text: ASCII stays, any
   other character becomes one byte for its class (whitespace becomes ``\v``), and ``\p{X}``
@@ -219,7 +218,10 @@ PRE_REGEXES: dict[str, tuple[str, ...]] = {
                    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",),
     "seed-coder": (_C + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|" + _TAIL,),
     "ufakzeka": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|" + _TAIL,),
-    "afmoe": (AFMOE_DIGITS, r"[一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+",
+    # llama.cpp's source has U+8C48 where U+F900 was meant (a normalization ate it): so here too.
+    "afmoe": (AFMOE_DIGITS, r"[\u4E00-\u9FFF\u3400-\u4DBF\u8C48-\uFAFF\u3040-\u309F\u30A0-\u30FF"
+              r"\uFF65-\uFF9F\u2F00-\u2FDF\u0E40-\u0E7F\u0E80-\u0EFF\u1780-\u17FF\u1000-\u109F\uAA60-\uAA7F"
+              r"\uA9E0-\uA9FF\uAC00-\uD7AF\u1100-\u11FF]+",
               _PUNCT_WORD + r"| ?[\p{P}\p{S}]+[\r\n]*|" + _TAIL),
     "laguna": (NEWLINES, QWEN2),
     "exaone-moe": (_C + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"

@@ -13,8 +13,8 @@ models:
   llama.cpp merges the whole text at once; we first cut it between characters that no token
   holds side by side (the merging can never join them), so the pieces are mostly words.
 * ``"gpt2"`` -- byte-level BPE: a pre-tokenizer (the regexes that ``tokenizer.ggml.pre`` names,
-  :mod:`runner.model.pretokenize`) splits the text into words, each word's UTF-8 bytes are mapped to printable characters, and
-  the adjacent pair with the lowest merge rank is merged first.
+  :mod:`runner.model.pretokenize`) splits the text into words, each word's UTF-8 bytes are mapped
+  to printable characters, and the adjacent pair with the lowest merge rank is merged first.
 
 Both merge words (pieces) independently and remember them, so a 10 MB prompt costs about what
 llama.cpp takes. Merging has three implementations of one rule, picked by the word's shape
