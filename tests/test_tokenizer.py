@@ -678,12 +678,25 @@ def _gemma3_corpus() -> dict[str, str]:
     return {"prose": prose, "code": code, "spaces": spaces, "scripts": scripts, "chat": chat}
 
 
+def _specials_text(tok: Tokenizer, rng: random.Random) -> str:
+    """Random special tokens (control, user-defined, unused, unknown), whole and cut short, in text."""
+    kinds = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
+    specials = [tok.token_text(i) for i in range(tok.n_vocab) if tok.token_attr(i) & kinds]
+    parts = []
+    for _ in range(3000):
+        special = rng.choice(specials)
+        parts.append(special if rng.random() < 0.7 else special[:rng.randint(1, len(special))])
+        parts.append(rng.choice(["", " ", "x", "\n", "<", ">", "<unused", rng.choice(ATOMS)]))
+    return "".join(parts)
+
+
 @pytest.mark.slow
 def test_gemma3_corpus_matches_llama_cpp(tokenizers: dict[str, Tokenizer]) -> None:
     tok = _tokenizer(tokenizers, "gemma3")
     oracle = Oracle.load(_model_path("gemma3"))
     try:
-        for kind, text in _gemma3_corpus().items():
+        texts = {**_gemma3_corpus(), "specials": _specials_text(tok, random.Random(4))}
+        for kind, text in texts.items():
             for add_special, parse_special in [(False, False), (True, True)]:
                 got = tok.encode(text, add_special=add_special, parse_special=parse_special)
                 want = oracle.encode(text, add_special, parse_special)
