@@ -26,9 +26,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from runner.kvcache.cache import CacheConfig
 from runner.memory import available_memory
-from runner.ml.backend import BackendOptions
+from runner.ml.backend import BackendOptions, CacheConfig
 
 from . import bindings as g
 
@@ -203,6 +202,20 @@ class GGMLTensor:
         c = self._graph(up)
         return GGMLTensor(g.ggml_swiglu_split(c.ptr, self.ptr, up.ptr), c)
 
+    def gelu(self) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_gelu(c.ptr, self.ptr), c)
+
+    def geglu(self, up: GGMLTensor) -> GGMLTensor:
+        if not g.ggml_are_same_shape(self.ptr, up.ptr):
+            raise ValueError(f"geglu: gate {list(self.shape)} and up {list(up.shape)} differ")
+        c = self._graph(up)
+        return GGMLTensor(g.ggml_geglu_split(c.ptr, self.ptr, up.ptr), c)
+
+    def tanh(self) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_tanh(c.ptr, self.ptr), c)
+
     # --- normalisation, matmul, attention -------------------------------------------------------
     def rms_norm(self, eps: float) -> GGMLTensor:
         c = self._graph()
@@ -357,6 +370,13 @@ class GGMLTensor:
         out = np.empty(tuple(reversed(self.shape)), dtype=np_type)
         g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
         return out.astype(np.float32) if np_type is np.float16 else out
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Copy the computed data into ``out`` (contiguous, exactly this tensor's byte size):
+        reading into a reused array, where :meth:`numpy` allocates a new one."""
+        if not out.flags.c_contiguous or out.nbytes != self.nbytes:
+            raise ValueError(f"read_into: {out.nbytes} bytes for a tensor of {self.nbytes}")
+        g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
 
     def set_numpy(self, data: np.ndarray) -> None:
         """Overwrite an allocated, contiguous tensor's data (same byte size)."""
