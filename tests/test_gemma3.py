@@ -157,3 +157,92 @@ def test_beyond_the_window_and_across_a_context_shift(gemma3: Path, flash: bool)
     finally:
         model.close()
         ref.close()
+
+
+# ------------------------------------------------------------------ the runner: slots and windows
+def _story(n: int) -> str:
+    return " ".join(f"Day {i}: Lily went to the park and saw {i + 3} birds." for i in range(n))
+
+
+GREEDY = {"temperature": 0.0, "repeat_penalty": 1.0}
+
+
+def _generate(r, prompt: str, num_predict: int):  # type: ignore[no-untyped-def]
+    from runner.api import Options, Request
+    from tests.conftest import collect
+
+    return collect(r.generate(Request(prompt=prompt, raw=True, options=Options().merged({**GREEDY, "num_predict": num_predict}))))
+
+
+def _load(gemma3: Path, engine: str, **options):  # type: ignore[no-untyped-def]
+    from tests.conftest import load as load_runner
+
+    # num_batch 128: llama.cpp's window cache is then 768 cells per slot, less than the prompts
+    options = {"num_ctx": 2048, "num_batch": 128, **options}
+    return load_runner(gemma3, engine, **options)
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_next_turn_past_the_window_evaluates_only_new_tokens(gemma3: Path, engine: str) -> None:
+    """A ~1000-token conversation, longer than the 512-token window: the next turn finds it in
+    the slot and evaluates only what is new, while the window layers hold a bounded number of
+    cells (new engine: the window plus one batch)."""
+    r = _load(gemma3, engine)
+    try:
+        prompt1 = _story(70)
+        text1, f1 = _generate(r, prompt1, 16)
+        assert f1.metrics.prompt_eval_count > 900
+        prompt2 = prompt1 + text1 + " Day 99: Lily"
+        _, f2 = _generate(r, prompt2, 8)
+        assert f2.metrics.prompt_cached_count >= f1.metrics.prompt_eval_count + f1.metrics.eval_count - 2
+        assert f2.metrics.prompt_eval_count <= 12
+        if engine == "new":
+            local = r._model.cache.caches[0]  # the sliding-window layers' cache
+            held = local.table.seq_positions(0)
+            assert len(held) <= 512 + 128 and max(held) - min(held) < 512 + 128
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_edit_before_the_window_reprocesses_and_matches_a_cold_run(gemma3: Path, engine: str) -> None:
+    """The slot holds a ~1000-token conversation whose window has slid far past its first 350
+    tokens; a prompt that shares only those 350 tokens cannot resume there (its window would
+    need cells that are gone), so it is evaluated from the start, and its tokens are the ones a
+    cold runner gives. (Resuming would attend over missing or overwritten cells.)"""
+    prompt1, edited = _story(70), _story(25) + " Then a dragon came and"
+    warm = _load(gemma3, engine)
+    try:
+        _generate(warm, prompt1, 16)
+        text, f = _generate(warm, edited, 24)
+        assert f.metrics.prompt_cached_count == 0  # started over: the window had slid past
+    finally:
+        warm.close()
+    cold_runner = _load(gemma3, engine)
+    try:
+        cold, c = _generate(cold_runner, edited, 24)
+    finally:
+        cold_runner.close()
+    assert f.context == c.context and text == cold
+
+
+def test_memory_reservation_and_ps_size_cover_the_window_cache(gemma3: Path) -> None:
+    """The load plan sizes the local layers' cache as the engines allocate it: the new engine's
+    real KV bytes equal the plan's, and both are far below a full-history cache."""
+    import dataclasses
+
+    from runner import loadplan
+    from runner import model_info as read_info
+    from runner import store
+
+    info = read_info(store.resolve(str(gemma3)))
+    r = _load(gemma3, "new", num_ctx=8192)
+    try:
+        plan = loadplan.reservation(info, 8192, 1, 128, "f16", False, "new")
+        kv = r._model.cache.nbytes
+        assert kv == plan.kv
+        full = dataclasses.replace(info, metadata={k: v for k, v in info.metadata.items() if "sliding" not in k})
+        assert plan.kv < loadplan.reservation(full, 8192, 1, 128, "f16", False, "new").kv / 3
+        assert r.memory_size >= kv
+    finally:
+        r.close()
