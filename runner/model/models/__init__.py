@@ -13,7 +13,7 @@ Public API::
     model.cache.remove(seq=0, begin=1, end=2)                         # context shift (re-RoPE)
     model.close()
 
-Each architecture is one file here (``llama.py``, ``qwen2.py``, ``gemma3.py``)
+Each architecture is one file here (``llama.py``, ``qwen2.py``, ``qwen3.py``, ``gemma3.py``)
 written against :mod:`runner.model.model` (the :class:`Model` base, batches) and
 :mod:`runner.model.nn` (shared layers). Adding one is a file and a line in :data:`ARCHITECTURES`.
 """
@@ -30,6 +30,7 @@ from runner.model.model import Batch, BatchInputs, Model, ModelLoadError
 from .gemma3 import Gemma3
 from .llama import Llama
 from .qwen2 import Qwen2
+from .qwen3 import Qwen3
 
 __all__ = ["ARCHITECTURES", "Batch", "BatchInputs", "Model", "ModelLoadError", "load", "supported_architectures"]
 
@@ -37,6 +38,7 @@ __all__ = ["ARCHITECTURES", "Batch", "BatchInputs", "Model", "ModelLoadError", "
 ARCHITECTURES: dict[str, type[Model]] = {
     "llama": Llama,
     "qwen2": Qwen2,
+    "qwen3": Qwen3,
     "gemma3": Gemma3,
 }
 
