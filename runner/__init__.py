@@ -107,6 +107,7 @@ def load(model: str | None = None, options: Options | None = None, cfg: _config.
             kv_cache_type=kv_type,
             use_mmap=options.use_mmap if options.use_mmap is not None else True,
         )
+    runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()
     return runner

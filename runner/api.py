@@ -306,6 +306,7 @@ class Runner(Protocol):
     num_parallel: int  # slots
     num_batch: int
     n_vocab: int
+    memory_size: int  # bytes held besides the weights: KV cache and compute buffers
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Stream the completion of ``request.prompt`` (templated unless ``raw``)."""

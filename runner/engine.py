@@ -118,6 +118,7 @@ class BatchRunner:
         self.num_batch = num_batch
         self.multi_user = multi_user
         self.load_duration = 0  # ns, set by load()
+        self.memory_size = 0  # bytes besides the weights (KV cache, compute buffers), set by load()
         self.cache: InputCache  # set by the subclass once its KV memory exists
         self._lock = threading.Condition()
         self._waiting: collections.deque[Sequence | EmbedJob] = collections.deque()

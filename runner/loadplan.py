@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from . import config as _config
 from . import ggufmeta
 from .api import InvalidRequest, LoadError, ModelInfo, Options
+from .kvcache.cells import cache_geometry
 from .memory import available_memory
+from .model.sliding import SlidingWindow
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class Attention:
     n_head: int  # the most query heads of any layer
     key_size: int
     value_size: int
+    window: SlidingWindow | None = None  # local layers keep only a window of each sequence
 
     @classmethod
     def of(cls, info: ModelInfo) -> Attention:
@@ -96,7 +99,11 @@ class Attention:
         default = info.embedding_length // n_head if n_head else 0
         key = int(meta.get(f"{arch}.attention.key_length", default) or 0)
         value = int(meta.get(f"{arch}.attention.value_length", default) or 0)
-        return cls(tuple(kv_heads), n_head, key, value)
+        pattern = None
+        if f"{arch}.attention.sliding_window" in meta:
+            pattern = ggufmeta.read_array(info.path, f"{arch}.attention.sliding_window_pattern")
+        window = SlidingWindow.of(arch, meta, pattern)
+        return cls(tuple(kv_heads), n_head, key, value, window)
 
 
 # ------------------------------------------------------------------------------------- KV cache
@@ -144,17 +151,32 @@ def reservation(info: ModelInfo, num_ctx: int, num_parallel: int, num_batch: int
                 flash_attention: bool, engine: str) -> Reservation:
     """The KV cache (``num_ctx`` x ``num_parallel`` cells, padded to 256) and the compute buffer
     of the largest batch (``num_batch`` tokens attending to a full context). The old engine gives
-    each sequence its own stream of ``num_ctx`` cells; the new engine attends over all of them."""
+    each sequence its own stream of ``num_ctx`` cells; the new engine attends over all of them.
+
+    Sliding-window layers (gemma3's local ones) hold fewer cells: the new engine's window cache
+    keeps ``memory`` cells per sequence plus one batch (``runner.kvcache.cells.cache_geometry``),
+    llama.cpp's ``window + n_ubatch`` per stream (its ``swa_full`` off)."""
     att = Attention.of(info)
     cells = _pad(num_ctx * num_parallel)
+    local_cells = cells
+    if att.window is not None:
+        if engine == "old":
+            local_cells = num_parallel * min(_pad(num_ctx), _pad(att.window.size + num_batch))
+        else:
+            local_cells = cache_geometry(num_parallel, num_ctx, num_batch, padding=CELL_PADDING,
+                                         swa_window=att.window.cache_window).size
     elems, nbytes = _KV_BLOCK[kv_type]
-    per_cell = sum(h * (-(-att.key_size // elems) + -(-att.value_size // elems)) * nbytes for h in att.kv_heads)
+    kv = 0
+    for layer, h in enumerate(att.kv_heads):
+        per_cell = h * (-(-att.key_size // elems) + -(-att.value_size // elems)) * nbytes
+        local = att.window is not None and layer < len(att.window.local) and att.window.local[layer]
+        kv += per_cell * (local_cells if local else cells)
     seen = _pad(num_ctx) if engine == "old" else cells  # cells one batch attends to
     if flash_attention:
         compute = seen * num_batch * 2  # the f16 mask; the kernel keeps no scores
     else:
         compute = seen * num_batch * (att.n_head * 4 + 4)  # f32 scores per head, and the mask
-    return Reservation(cells, cells * per_cell, compute)
+    return Reservation(cells, kv, compute)
 
 
 def check_memory(info: ModelInfo, plan: Reservation, num_ctx: int, num_parallel: int) -> None:

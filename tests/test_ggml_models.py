@@ -76,11 +76,15 @@ class LlamaCppRef:
         flash: bool = True,
         n_seq: int = 1,
         kv_type: int = 1,  # GGML_TYPE_F16
+        repack: bool = True,
     ):
+        """``repack`` False: plain weight buffers (llama.cpp by default repacks Q4_0/Q4_K weights
+        into interleaved layouts whose kernels round the activations differently)."""
         _silence_llama_cpp()
         L = llama_cpp
         L.llama_backend_init()
         mp = L.llama_model_default_params()
+        mp.use_extra_bufts = repack
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
         assert self.model, f"llama.cpp cannot load {path}"
         cp = L.llama_context_default_params()
@@ -474,3 +478,59 @@ def test_cache_full_is_reported() -> None:
         model.compute(Batch.sequence(list(range(1, 51)), start=200))
     finally:
         model.close()
+
+
+# ------------------------------------------------------------------------ the wrapper cache
+def test_wrapped_cache_gets_the_backend_layout_and_reuses_graphs() -> None:
+    """A model whose cache is a WrapperCache, flash attention off (the default layout there is
+    permuted V): the wrapper reports the wrapped caches' layout, so attention reads V permuted
+    (the logits equal the plain cache's), and decoding reuses one graph instead of building one
+    per token (the wrapper's graph key is its caches' keys)."""
+    from runner.kvcache.causal import CausalCache
+    from runner.kvcache.wrapper import WrapperCache
+    from runner.model.models.llama import Llama
+
+    class WrappedLlama(Llama):
+        def new_cache(self) -> WrapperCache:
+            n = self.config.n_layer
+            types = [i % 2 for i in range(n)]  # alternate between two full caches
+            return WrapperCache(CausalCache(shift=self.shift), CausalCache(shift=self.shift), layer_types=types)
+
+        def forward(self, ctx, batch):  # type: ignore[no-untyped-def]
+            cache = self.cache
+            assert isinstance(cache, WrapperCache)
+            h = self.embed.rows(batch.tokens)
+            for i, block in enumerate(self.blocks):
+                cache.set_layer(i)
+                cache.set_layer_type(cache.layer_types[i])
+                h = block(ctx, h, batch.positions, cache, batch.n_tokens, batch.outputs if i == len(self.blocks) - 1 else None)
+            return self.output(self.norm(h))
+
+    from runner.ml.ggml.backend import GGMLBackend
+    from runner.model.gguf_weights import GGUFFile
+
+    gguf = GGUFFile.open(TINYSTORIES)
+    wrapped = WrappedLlama(gguf, gguf.load_weights(), GGMLBackend(BackendOptions(num_threads=THREADS, flash_attention=False)))
+    plain = _open(TINYSTORIES, flash=False)
+    try:
+        wrapped.init_cache(num_ctx=1024, num_parallel=1, num_batch=256)
+        cache = wrapped.cache
+        assert isinstance(cache, WrapperCache) and cache.config.permuted_v
+        layer_v = cache.caches[1].layer_tensors(1)  # type: ignore[attr-defined]
+        assert layer_v is not None and layer_v[1].shape[0] == cache.caches[1].size  # type: ignore[attr-defined]
+        assert cache.caches[0].layer_tensors(1) is None  # type: ignore[attr-defined]  # layer 1 is type 1's
+        tokens = [1, 45, 66, 32, 37, 27, 17]
+        want = plain.compute(Batch.sequence(tokens)).copy()
+        got = wrapped.compute(Batch.sequence(tokens)).copy()
+        assert np.abs(got - want).max() < 1e-4
+        builds = wrapped.stats.builds
+        pos, tok = len(tokens), int(want.argmax())
+        for _ in range(20):
+            w = plain.compute(Batch.sequence([tok], start=pos))
+            g = wrapped.compute(Batch.sequence([tok], start=pos))
+            assert np.abs(g - w).max() < 1e-4
+            tok, pos = int(w.argmax()), pos + 1
+        assert wrapped.stats.builds - builds == 1  # one decode graph, reused 19 times
+    finally:
+        wrapped.close()
+        plain.close()

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runner.kvcache.cache import CacheConfig, NotSupported
+from runner.kvcache.cache import NotSupported
+from runner.ml.backend import CacheConfig
 from runner.kvcache.causal import CausalCache
 from runner.ml.backend import BackendOptions
 from runner.ml.ggml.backend import GGMLBackend

@@ -1,6 +1,7 @@
 """The new engine's KV cache (Ollama's ``kvcache/``).
 
-- :mod:`.cache`: the :class:`Cache` protocol, :class:`CacheConfig` and the errors;
+- :mod:`.cache`: the :class:`Cache` protocol and the errors (the layout a backend wants,
+  ``CacheConfig``, is the tensor layer's: :mod:`runner.ml`);
 - :mod:`.cells`: :class:`CellTable`, the plain-Python/NumPy bookkeeping (cells, ranges, masks,
   sliding window, copy-prefix sharing, removal with renumbering) that the tensor side applies;
 - :mod:`.wrapper`: :class:`WrapperCache`, several caches behind one (SWA + global layers).
@@ -8,7 +9,7 @@
 
 from __future__ import annotations
 
-from .cache import Batch, Cache, CacheConfig, KvCacheError, KvCacheFull, NotSupported
+from .cache import Batch, Cache, KvCacheError, KvCacheFull, LayerShape, NotSupported
 from .cells import (
     INT32_MAX,
     CacheGeometry,
@@ -27,13 +28,13 @@ __all__ = [
     "INT32_MAX",
     "Batch",
     "Cache",
-    "CacheConfig",
     "CacheGeometry",
     "CellInfo",
     "CellTable",
     "ForwardPlan",
     "KvCacheError",
     "KvCacheFull",
+    "LayerShape",
     "NotSupported",
     "ShiftChunk",
     "ShiftPlan",

@@ -12,20 +12,23 @@ K and V of a batch are ``[head_dim, kv_heads, n_batch]``; the history returned b
 ``[head_dim, kv_heads, n_history]`` and the mask ``[n_history, n_batch]`` (so, seen from NumPy
 in row-major order, ``(n_batch, n_history)``: row i = batch token i).
 
-This module is pure Python: it names the tensor/backend/context types as ``Any`` so it does not
-depend on the tensor layer (``runner.ml``).
+This module names the tensor/backend/context types as ``Any``; of the tensor layer it uses only
+:class:`runner.ml.CacheConfig`, the layout a backend wants its cache in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from runner.ml.backend import CacheConfig
 
 __all__ = [
     "Batch",
     "Cache",
-    "CacheConfig",
     "KvCacheError",
+    "LayerShape",
     "KvCacheFull",
     "NotSupported",
 ]
@@ -56,27 +59,8 @@ class NotSupported(KvCacheError):
     drops the whole sequence (``remove(seq, 0, None)``) and reprocesses its inputs."""
 
 
-# --------------------------------------------------------------------------------------- config
-@dataclass(frozen=True)
-class CacheConfig:
-    """Backend-specific layout of the cache (Go's ``ml.CacheConfig``).
-
-    - ``cache_padding``: the history range handed to attention is rounded (start down, end up) to
-      a multiple of this, and the cache size is rounded up to it (GGML: 256; default 1).
-    - ``mask_dtype``: dtype of the mask tensor, ``"f32"`` or ``"f16"`` (flash attention wants f16).
-    - ``permuted_v``: store V transposed, ``[n_cells, v_head_dim, kv_heads]``, so the non-FA
-      attention matmul needs no ``cont`` of V.
-    """
-
-    cache_padding: int = 1
-    mask_dtype: Literal["f32", "f16"] = "f32"
-    permuted_v: bool = False
-
-    def __post_init__(self) -> None:
-        if self.cache_padding < 1:
-            raise ValueError(f"cache_padding must be >= 1, got {self.cache_padding}")
-        if self.mask_dtype not in ("f32", "f16"):
-            raise ValueError(f"mask_dtype must be 'f32' or 'f16', got {self.mask_dtype!r}")
+#: What one layer stores: ``(head_dim, v_head_dim, kv_heads)``; ``kv_heads`` 0 means nothing.
+LayerShape = tuple[int, int, int]
 
 
 # ---------------------------------------------------------------------------------------- batch
@@ -134,8 +118,42 @@ class Cache(Protocol):
         :meth:`set_config` gave one. Storage is allocated lazily, per layer, on first :meth:`put`."""
         ...
 
+    def allocate(self, layers: Sequence[LayerShape]) -> None:
+        """Allocate the storage of every layer now (after :meth:`init`), ``layers[i]`` being what
+        layer ``i`` stores, so a cache that does not fit fails here (``MemoryError``, nothing
+        kept) instead of on a later batch. A cache that holds only some layers (one half of a
+        :class:`~runner.kvcache.wrapper.WrapperCache`) allocates only those."""
+        ...
+
     def close(self) -> None:
         """Free all storage. The cache is unusable afterwards; calling it twice is harmless."""
+        ...
+
+    @property
+    def config(self) -> CacheConfig:
+        """The layout in effect (after :meth:`init`): attention reads V as ``permuted_v`` says,
+        the mask comes in ``mask_dtype``. ``RuntimeError`` before :meth:`init`."""
+        ...
+
+    @property
+    def max_batch(self) -> int:
+        """The most tokens one batch may have (the ``max_batch`` given to :meth:`init`)."""
+        ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K/V storage allocated so far."""
+        ...
+
+    def graph_key(self) -> Hashable:
+        """What a compute graph built for the current batch depends on besides the batch's size
+        (after :meth:`start_forward`). Two batches with equal keys can run one graph, only with
+        different :meth:`graph_inputs`; a graph built before :meth:`close` never matches again."""
+        ...
+
+    def graph_inputs(self) -> dict[str, np.ndarray]:
+        """The current batch's data for the named graph inputs this cache adds to a graph (cell
+        indices, mask), to re-run a graph built for an earlier batch with an equal key."""
         ...
 
     def start_forward(self, ctx: Any, batch: Batch, reserve: bool) -> None:

@@ -23,11 +23,11 @@ batch (:meth:`graph_inputs`). That keeps decoding from rebuilding the graph ever
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .cache import Batch, CacheConfig, KvCacheError, NotSupported
+from .cache import Batch, CacheConfig, KvCacheError, LayerShape, NotSupported
 from .cells import CellTable, ForwardPlan, ShiftPlan, cache_geometry
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class CausalCache:
         self.swa_window = swa_window
         self.swa_memory = swa_memory
         self.chunk_size = chunk_size
-        self.config: CacheConfig | None = None
+        self._config: CacheConfig | None = None
         self._config_set = False
         self.backend: Any = None
         self.dtype = "f16"
@@ -86,22 +86,30 @@ class CausalCache:
         self._generation = 0  # bumped when storage is freed: graphs built before must not run
 
     # ----------------------------------------------------------------------------- configuration
+    @property
+    def config(self) -> CacheConfig:
+        """See ``Cache.config``."""
+        if self._config is None:
+            raise RuntimeError("cache used before init()")
+        return self._config
+
     def set_config(self, config: CacheConfig) -> None:
         """See ``Cache.set_config``."""
         if self._config_set:
             raise RuntimeError("cache config set twice")
-        self.config = config
+        self._config = config
         self._config_set = True
 
     def init(self, backend: Any, dtype: str, max_sequences: int, capacity: int, max_batch: int) -> None:
-        """See ``Cache.init``. ``dtype`` ``q8_0``/``q4_0`` needs flash attention (the non-FA
-        path reads V through a transpose, which GGML cannot do on quantized rows)."""
+        """See ``Cache.init``. ``dtype`` ``q8_0``/``q4_0`` needs flash attention: with
+        ``permuted_v`` (the non-FA layout) V is scattered one element per row, which a quantized
+        type cannot hold; f16 is used then."""
         if dtype not in _KV_DTYPES:
             raise ValueError(f"unsupported KV cache type {dtype!r} (one of {', '.join(_KV_DTYPES)})")
-        if self.config is None:
-            self.config = backend.cache_config()
-        if dtype not in ("f16", "f32") and not getattr(backend, "flash_attention", False):
-            log.warning("KV cache type %s needs flash attention; using f16", dtype)
+        if self._config is None:
+            self._config = backend.cache_config()
+        if dtype not in ("f16", "f32") and self._config.permuted_v:
+            log.warning("KV cache type %s needs flash attention (V not permuted); using f16", dtype)
             dtype = "f16"
         self.backend = backend
         self.dtype = dtype
@@ -112,13 +120,13 @@ class CausalCache:
             max_sequences,
             capacity,
             max_batch,
-            padding=self.config.cache_padding,
+            padding=self._config.cache_padding,
             swa_window=self.swa_window,
             swa_memory=self.swa_memory,
         )
         self.table = CellTable(
             geo.size,
-            padding=self.config.cache_padding,
+            padding=self._config.cache_padding,
             swa_window=geo.swa_window or 0,
             swa_memory=geo.swa_memory or 0,
             chunk_size=self.chunk_size,
@@ -134,15 +142,14 @@ class CausalCache:
         """Bytes of K/V storage allocated so far."""
         return sum(s.nbytes for s in {id(s): s for s in self._storage.values()}.values())
 
-    def allocate(self, layers: list[tuple[int, int, int]]) -> None:
-        """Allocate every layer's K and V now, in one buffer: ``layers[i]`` is layer i's
-        ``(head_dim, v_head_dim, kv_heads)`` (``kv_heads`` 0: no attention in that layer). The
-        whole size is known before anything is allocated, so a cache that does not fit fails
-        here (``MemoryError``) with nothing kept, instead of layer by layer on the first batch."""
+    def allocate(self, layers: Sequence[LayerShape]) -> None:
+        """See ``Cache.allocate``: every layer's K and V in one buffer (``kv_heads`` 0: nothing
+        for that layer). The whole size is known before anything is allocated, so a cache that
+        does not fit fails here with nothing kept, instead of layer by layer on the first batch."""
         if self._storage:
             raise RuntimeError("cache storage allocated twice")
         n = self.size
-        permuted = self.config is not None and self.config.permuted_v
+        permuted = self._config is not None and self._config.permuted_v
         specs = []
         for layer, (head_dim, v_head_dim, kv_heads) in enumerate(layers):
             if kv_heads:
@@ -200,7 +207,7 @@ class CausalCache:
         """The current batch's data for this cache's graph inputs (by name)."""
         p = self.plan
         inputs = {f"{self._prefix}.locs": p.locs_array, f"{self._prefix}.mask": p.mask}
-        if self.config is not None and self.config.permuted_v:
+        if self._config is not None and self._config.permuted_v:
             for width in {v.dim(1) * v.dim(2) for v in self._values.values()}:
                 inputs[f"{self._prefix}.vlocs{width}"] = self._element_locs(width)
         return inputs
@@ -216,8 +223,8 @@ class CausalCache:
         return ctx.input(f"{self._prefix}.locs", self.plan.locs_array)
 
     def _mask(self, ctx: Any) -> Any:
-        assert self.config is not None
-        return ctx.input(f"{self._prefix}.mask", self.plan.mask, dtype=self.config.mask_dtype)
+        assert self._config is not None
+        return ctx.input(f"{self._prefix}.mask", self.plan.mask, dtype=self._config.mask_dtype)
 
     def put(self, ctx: Any, k: Any, v: Any) -> None:
         """See ``Cache.put``: ``k [head_dim, kv_heads, n_batch]``, ``v [v_head_dim, kv_heads,
@@ -238,7 +245,7 @@ class CausalCache:
             .set_rows(k.reshape(head_dim * kv_heads, n_batch), locs)
         )
         width = v_head_dim * kv_heads
-        if self.config is not None and self.config.permuted_v:
+        if self._config is not None and self._config.permuted_v:
             # one "row" per element: V lands transposed, [n_cells, v_head_dim, kv_heads]
             vlocs = ctx.input(f"{self._prefix}.vlocs{width}", self._element_locs(width))
             ctx.forward(
@@ -259,7 +266,7 @@ class CausalCache:
         k = keys.on(ctx).view(
             keys.stride(2) * p.start, (keys.dim(0), keys.dim(1), p.length), (keys.stride(1), keys.stride(2))
         )
-        if self.config is not None and self.config.permuted_v:  # [n_cells, v_head_dim, kv_heads]
+        if self._config is not None and self._config.permuted_v:  # [n_cells, v_head_dim, kv_heads]
             v = values.on(ctx).view(
                 values.stride(0) * p.start,
                 (p.length, values.dim(1), values.dim(2)),
@@ -277,7 +284,7 @@ class CausalCache:
         keys = self._keys.get(self.layer)
         if keys is None:
             n = self.size
-            permuted = self.config is not None and self.config.permuted_v
+            permuted = self._config is not None and self._config.permuted_v
             v_shape = (n, v_head_dim, kv_heads) if permuted else (v_head_dim, kv_heads, n)
             storage = self.backend.new_storage(
                 [

@@ -8,9 +8,11 @@ chosen by the model with :meth:`WrapperCache.set_layer_type`.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Hashable, Sequence
 
-from .cache import Batch, Cache, CacheConfig, KvCacheError
+import numpy as np
+
+from .cache import Batch, Cache, CacheConfig, KvCacheError, LayerShape
 
 __all__ = ["WrapperCache"]
 
@@ -18,11 +20,17 @@ __all__ = ["WrapperCache"]
 class WrapperCache:
     """Fans the :class:`Cache` contract out to ``caches``; implements :class:`Cache` itself."""
 
-    def __init__(self, *caches: Cache) -> None:
-        """Wrap ``caches`` (at least one); layer type ``t`` selects ``caches[t]``."""
+    def __init__(self, *caches: Cache, layer_types: Sequence[int] = ()) -> None:
+        """Wrap ``caches`` (at least one); layer type ``t`` selects ``caches[t]``.
+        ``layer_types[i]`` is the type of layer ``i``, which :meth:`allocate` needs to give
+        each cache only its layers (the model selects the same type with
+        :meth:`set_layer_type` when it runs layer ``i``)."""
         if not caches:
             raise ValueError("WrapperCache needs at least one cache")
+        if any(not 0 <= t < len(caches) for t in layer_types):
+            raise ValueError(f"layer types must be in 0..{len(caches) - 1}")
         self.caches: tuple[Cache, ...] = caches
+        self.layer_types = tuple(layer_types)
         self._cur_type = 0
 
     def set_layer_type(self, layer_type: int) -> None:
@@ -62,10 +70,44 @@ class WrapperCache:
         for c in self.caches:
             c.init(backend, dtype, max_sequences, capacity, max_batch)
 
+    def allocate(self, layers: Sequence[LayerShape]) -> None:
+        """Allocate each wrapped cache's layers (by ``layer_types``); the others get nothing.
+        ``ValueError`` when ``layer_types`` does not cover ``layers``."""
+        if len(self.layer_types) != len(layers):
+            raise ValueError(f"{len(layers)} layers, but layer types for {len(self.layer_types)}")
+        for t, c in enumerate(self.caches):
+            c.allocate([shape if self.layer_types[i] == t else (0, 0, 0) for i, shape in enumerate(layers)])
+
     def close(self) -> None:
         """Close every wrapped cache."""
         for c in self.caches:
             c.close()
+
+    @property
+    def config(self) -> CacheConfig:
+        """The layout of the wrapped caches (one backend gives them all the same)."""
+        return self.caches[0].config
+
+    @property
+    def max_batch(self) -> int:
+        """The batch limit every wrapped cache was sized for."""
+        return self.caches[0].max_batch
+
+    @property
+    def nbytes(self) -> int:
+        """Storage of all wrapped caches."""
+        return sum(c.nbytes for c in self.caches)
+
+    def graph_key(self) -> Hashable:
+        """The wrapped caches' keys together."""
+        return tuple(c.graph_key() for c in self.caches)
+
+    def graph_inputs(self) -> dict[str, np.ndarray]:
+        """The wrapped caches' inputs together (their names do not collide)."""
+        inputs: dict[str, np.ndarray] = {}
+        for c in self.caches:
+            inputs.update(c.graph_inputs())
+        return inputs
 
     def start_forward(self, ctx: Any, batch: Batch, reserve: bool) -> None:
         """Start the forward pass on every cache, in order. If one fails, the batch's tokens are

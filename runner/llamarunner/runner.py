@@ -179,6 +179,7 @@ class LlamaRunner(BatchRunner):
         cparams.n_threads = cparams.n_threads_batch = num_thread
         cparams.embeddings = False
         cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
+        cparams.swa_full = False  # sliding-window layers keep their window, not the whole context
         cparams.no_perf = True
         # flash attention and the KV cache type as runner.loadplan resolved them
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -192,7 +193,7 @@ class LlamaRunner(BatchRunner):
                 f"{_load_failure_reason(captured.lines)}"
             )
         self._batch = _Batch(num_batch * num_parallel)
-        self._kv = LlamaKv(self._ctx)
+        self._kv = LlamaKv(self._ctx, self._model)
         self.cache = InputCache(self._kv, num_ctx * num_parallel, num_parallel, multi_user)
         self._pieces: dict[int, bytes] = {}
         self._n_embd = L.llama_model_n_embd(self._model)

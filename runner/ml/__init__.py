@@ -3,6 +3,6 @@ implementation (:mod:`.ggml`)."""
 
 from __future__ import annotations
 
-from .backend import Backend, BackendOptions, Context, Tensor
+from .backend import Backend, BackendOptions, CacheConfig, Context, Tensor
 
-__all__ = ["Backend", "BackendOptions", "Context", "Tensor"]
+__all__ = ["Backend", "BackendOptions", "CacheConfig", "Context", "Tensor"]

@@ -22,11 +22,11 @@ Conventions (GGML's, as in Ollama):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 import numpy as np
 
-__all__ = ["Backend", "BackendOptions", "Context", "Tensor"]
+__all__ = ["Backend", "BackendOptions", "CacheConfig", "Context", "Tensor"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,28 @@ class BackendOptions:
     num_threads: int | None = None
     flash_attention: bool = True
     max_graph_nodes: int = 8192
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Backend-specific layout of the cache (Go's ``ml.CacheConfig``).
+
+    - ``cache_padding``: the history range handed to attention is rounded (start down, end up) to
+      a multiple of this, and the cache size is rounded up to it (GGML: 256; default 1).
+    - ``mask_dtype``: dtype of the mask tensor, ``"f32"`` or ``"f16"`` (flash attention wants f16).
+    - ``permuted_v``: store V transposed, ``[n_cells, v_head_dim, kv_heads]``, so the non-FA
+      attention matmul needs no ``cont`` of V.
+    """
+
+    cache_padding: int = 1
+    mask_dtype: Literal["f32", "f16"] = "f32"
+    permuted_v: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cache_padding < 1:
+            raise ValueError(f"cache_padding must be >= 1, got {self.cache_padding}")
+        if self.mask_dtype not in ("f32", "f16"):
+            raise ValueError(f"mask_dtype must be 'f32' or 'f16', got {self.mask_dtype!r}")
 
 
 class Tensor(Protocol):
@@ -89,6 +111,18 @@ class Tensor(Protocol):
 
     def swiglu(self, up: Tensor) -> Tensor:
         """``silu(self) * up`` in one kernel (shapes equal)."""
+        ...
+
+    def gelu(self) -> Tensor:
+        """GELU, tanh approximation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
+        ...
+
+    def geglu(self, up: Tensor) -> Tensor:
+        """``gelu(self) * up`` in one kernel (shapes equal)."""
+        ...
+
+    def tanh(self) -> Tensor:
+        """``tanh(x)`` elementwise."""
         ...
 
     # --- normalisation, matmul, attention ----------------------------------------------------
@@ -226,8 +260,8 @@ class Backend(Protocol):
         Raises ``MemoryError`` when the buffer cannot be allocated."""
         ...
 
-    def cache_config(self) -> Any:
-        """The KV cache layout this backend wants (``runner.kvcache.CacheConfig``)."""
+    def cache_config(self) -> CacheConfig:
+        """The KV cache layout this backend wants."""
         ...
 
     def close(self) -> None:

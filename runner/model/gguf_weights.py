@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from runner.ml.ggml import bindings as g
-from runner.ml.ggml.backend import GGMLTensor, dtype_name
+from runner.ml.ggml.backend import GGMLTensor, Storage, dtype_name, repack_matrices
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,7 @@ class Weights:
     _view: np.ndarray | None = field(default=None, repr=False)
     _ctx: int = 0
     _buffer: int = 0
+    _repacked: Storage | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, f: GGUFFile) -> Weights:
@@ -237,6 +238,16 @@ class Weights:
         log.debug("mapped %d tensors (%.1f MiB) from %s", len(tensors), total / 2**20, f.path)
         return cls(tensors, total, mm, view, ctx, buffer)
 
+    def repack_matrices(self) -> int:
+        """Let GGML repack the matrices it has faster CPU kernels for (as llama.cpp does at
+        load): every 2-D weight except ``token_embd.weight``, which ``rows()`` reads (and which
+        a tied output matrix shares). Returns the bytes copied; the mapping keeps serving the
+        rest."""
+        names = [n for n, t in self.tensors.items() if n.endswith(".weight") and n != "token_embd.weight"
+                 and t.dim(1) > 1 and t.dim(2) == 1]
+        self._repacked = repack_matrices(self.tensors, names)
+        return self._repacked.nbytes if self._repacked is not None else 0
+
     def get(self, name: str) -> GGMLTensor | None:
         return self.tensors.get(name)
 
@@ -250,7 +261,10 @@ class Weights:
         return name in self.tensors
 
     def close(self) -> None:
-        """Release the buffer and the mapping (the tensors become invalid)."""
+        """Release the buffers and the mapping (the tensors become invalid)."""
+        if self._repacked is not None:
+            self._repacked.close()
+            self._repacked = None
         if self._buffer:
             g.ggml_backend_buffer_free(self._buffer)
             self._buffer = 0

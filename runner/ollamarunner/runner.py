@@ -17,7 +17,7 @@ from ..api import InvalidModel, LoadError, ModelInfo
 from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache, Slot
-from ..kvcache import NotSupported
+from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
 from ..model.models import Batch, ModelLoadError, supported_architectures
@@ -33,9 +33,11 @@ def supports(architecture: str) -> bool:
 
 
 class CacheKv:
-    """:class:`runner.inputcache.KvOps` over our causal cache."""
+    """:class:`runner.inputcache.KvOps` over the model's :class:`runner.kvcache.Cache` (causal,
+    or gemma3's sliding-window + global wrapper: ``can_resume`` is how a slot whose window has
+    slid past the prefix starts over)."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: Cache) -> None:
         self.cache = cache
 
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
@@ -133,6 +135,7 @@ class OllamaRunner(BatchRunner):
         except ModelLoadError as err:
             self._model.close()
             raise LoadError(str(err)) from None
+        self.memory_size = self._model.memory_size  # KV cache (all layers, windows sized) + compute
         self.cache = InputCache(CacheKv(self._model.cache), num_ctx * num_parallel, num_parallel, multi_user)
         self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format

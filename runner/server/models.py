@@ -57,22 +57,6 @@ def capabilities(info: ModelInfo) -> list[str]:
     return ["completion"]
 
 
-def kv_bytes(info: ModelInfo, num_ctx: int, num_parallel: int) -> int:
-    """f16 K and V for every layer and every cell (what the runner allocates besides weights)."""
-    arch = info.architecture
-    meta = info.metadata
-    try:
-        layers = int(meta.get(f"{arch}.block_count", 0))
-        embd = int(meta.get(f"{arch}.embedding_length", 0))
-        heads = int(meta.get(f"{arch}.attention.head_count", 0)) or 1
-        heads_kv = int(meta.get(f"{arch}.attention.head_count_kv", heads)) or heads
-        head_k = int(meta.get(f"{arch}.attention.key_length", embd // heads))
-        head_v = int(meta.get(f"{arch}.attention.value_length", embd // heads))
-    except (TypeError, ValueError):
-        return 0
-    return layers * num_ctx * num_parallel * heads_kv * (head_k + head_v) * 2
-
-
 # -------------------------------------------------------------------------------------- lists
 def all_models(cfg: _config.Config) -> list[store.StoredModel]:
     """The built-in default model, then the store's models (newest first)."""
@@ -104,7 +88,7 @@ def tag_entry(scheduler: Scheduler, stored: store.StoredModel) -> dict[str, Any]
 def ps_entry(model: LoadedModel) -> dict[str, Any]:
     runner = model.runner
     info = runner.info
-    size = model.stored.size + kv_bytes(info, runner.num_ctx, runner.num_parallel)
+    size = model.stored.size + runner.memory_size  # weights + what the runner allocated besides
     return {
         "name": model.name,
         "model": model.name,

@@ -26,15 +26,14 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from runner.kvcache.cache import CacheConfig
 from runner.memory import available_memory
-from runner.ml.backend import BackendOptions
+from runner.ml.backend import BackendOptions, CacheConfig
 
 from . import bindings as g
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GGMLBackend", "GGMLTensor", "GraphContext", "Storage", "dtype_id", "dtype_name"]
+__all__ = ["GGMLBackend", "GGMLTensor", "GraphContext", "Storage", "dtype_id", "dtype_name", "repack_matrices"]
 
 # ----------------------------------------------------------------------------------------- dtypes
 _DTYPE_IDS: dict[str, int] = {
@@ -203,6 +202,20 @@ class GGMLTensor:
         c = self._graph(up)
         return GGMLTensor(g.ggml_swiglu_split(c.ptr, self.ptr, up.ptr), c)
 
+    def gelu(self) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_gelu(c.ptr, self.ptr), c)
+
+    def geglu(self, up: GGMLTensor) -> GGMLTensor:
+        if not g.ggml_are_same_shape(self.ptr, up.ptr):
+            raise ValueError(f"geglu: gate {list(self.shape)} and up {list(up.shape)} differ")
+        c = self._graph(up)
+        return GGMLTensor(g.ggml_geglu_split(c.ptr, self.ptr, up.ptr), c)
+
+    def tanh(self) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_tanh(c.ptr, self.ptr), c)
+
     # --- normalisation, matmul, attention -------------------------------------------------------
     def rms_norm(self, eps: float) -> GGMLTensor:
         c = self._graph()
@@ -358,6 +371,13 @@ class GGMLTensor:
         g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
         return out.astype(np.float32) if np_type is np.float16 else out
 
+    def read_into(self, out: np.ndarray) -> None:
+        """Copy the computed data into ``out`` (contiguous, exactly this tensor's byte size):
+        reading into a reused array, where :meth:`numpy` allocates a new one."""
+        if not out.flags.c_contiguous or out.nbytes != self.nbytes:
+            raise ValueError(f"read_into: {out.nbytes} bytes for a tensor of {self.nbytes}")
+        g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
+
     def set_numpy(self, data: np.ndarray) -> None:
         """Overwrite an allocated, contiguous tensor's data (same byte size)."""
         data = np.ascontiguousarray(data)
@@ -493,6 +513,66 @@ class Storage:
             self._closed = True
             g.ggml_backend_buffer_free(self.buffer)
             g.ggml_free(self.ctx_ptr)
+
+
+# --------------------------------------------------------------------------------------- repack
+def repack_matrices(tensors: dict[str, GGMLTensor], names: Iterable[str]) -> Storage | None:
+    """Move the weights ``names`` that GGML's CPU backend can repack (Q4_0, Q4_K, IQ4_NL, ...
+    as the build and CPU allow) into its repack buffer, replacing them in ``tensors``; returns
+    the storage that now holds them (None when none qualified). Only matrices that are used
+    solely as the left operand of ``mulmat`` may be named: a repacked tensor cannot be read
+    any other way (``rows``, views).
+
+    This is what llama.cpp does when it loads a model: the repacked kernels are faster, and
+    they quantize the activations in their own blocks, so matching llama.cpp's numbers needs
+    the same layout."""
+    make_buft = g.ggml_backend_cpu_repack_buffer_type
+    if make_buft is None:
+        return None
+    buft = make_buft()
+    if not buft:
+        return None
+    dev = g.ggml_backend_buft_get_device(buft)
+    chosen = [n for n in names if n in tensors and _repackable(tensors[n], buft, dev)]
+    if not chosen:
+        return None
+    ctx = _new_ggml_context(len(chosen) + 1)
+    moved: dict[str, GGMLTensor] = {}
+    for name in chosen:
+        src = tensors[name]
+        ne = (ctypes.c_int64 * 4)(*src.ne)
+        t = GGMLTensor(g.ggml_new_tensor(ctx, src.type_id, 4, ne), None)
+        g.ggml_set_name(t.ptr, name.encode()[:63])
+        moved[name] = t
+    buf = g.ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft)
+    if not buf:
+        g.ggml_free(ctx)
+        raise MemoryError(f"cannot allocate {len(chosen)} repacked weights")
+    for name, t in moved.items():
+        src = tensors[name]
+        g.ggml_backend_tensor_set(t.ptr, src.data_ptr, 0, src.nbytes)  # repacks on the way in
+        tensors[name] = t
+    return Storage(moved, ctx, buf, g.ggml_backend_buffer_get_size(buf))
+
+
+def _repackable(w: GGMLTensor, buft: int, dev: int) -> bool:
+    """Whether the CPU device runs ``mulmat(w, x)`` with ``w`` in the repack buffer (llama.cpp's
+    test: a dummy op whose weight sits in an empty buffer of that type)."""
+    if w.dim(2) != 1 or w.dim(3) != 1:
+        return False
+    ctx = _new_ggml_context(4)
+    dummy = g.ggml_backend_buft_alloc_buffer(buft, 0)
+    try:
+        ne = (ctypes.c_int64 * 2)(w.dim(0), w.dim(1))
+        w2 = g.ggml_new_tensor(ctx, w.type_id, 2, ne)
+        x = g.ggml_new_tensor_2d(ctx, g.GGML_TYPE.F32, w.dim(0), 512)
+        op = g.ggml_mul_mat(ctx, w2, x)
+        g.ggml_tensor.from_address(w2).buffer = dummy
+        return bool(dummy) and bool(g.ggml_backend_dev_supports_op(dev, op))
+    finally:
+        if dummy:
+            g.ggml_backend_buffer_free(dummy)
+        g.ggml_free(ctx)
 
 
 # --------------------------------------------------------------------------------------- backend

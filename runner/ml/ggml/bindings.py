@@ -209,6 +209,9 @@ ggml_scale = _bind(_base, "ggml_scale", P, [P, P, F])
 ggml_rms_norm = _bind(_base, "ggml_rms_norm", P, [P, P, F])
 ggml_silu = _bind(_base, "ggml_silu", P, [P, P])
 ggml_swiglu_split = _bind(_base, "ggml_swiglu_split", P, [P, P, P])
+ggml_gelu = _bind(_base, "ggml_gelu", P, [P, P])
+ggml_geglu_split = _bind(_base, "ggml_geglu_split", P, [P, P, P])
+ggml_tanh = _bind(_base, "ggml_tanh", P, [P, P])
 ggml_mul_mat = _bind(_base, "ggml_mul_mat", P, [P, P, P])
 ggml_prec_set_acc = _bind(_base, "ggml_prec_set_acc", c_bool, [P, c_int])
 ggml_get_rows = _bind(_base, "ggml_get_rows", P, [P, P, P])
@@ -265,11 +268,31 @@ ggml_gallocr_reserve = _bind(_base, "ggml_gallocr_reserve", c_bool, [P, P])
 ggml_gallocr_alloc_graph = _bind(_base, "ggml_gallocr_alloc_graph", c_bool, [P, P])
 ggml_gallocr_get_buffer_size = _bind(_base, "ggml_gallocr_get_buffer_size", c_size_t, [P, c_int])
 ggml_backend_alloc_ctx_tensors = _bind(_base, "ggml_backend_alloc_ctx_tensors", P, [P, P])
+ggml_backend_alloc_ctx_tensors_from_buft = _bind(_base, "ggml_backend_alloc_ctx_tensors_from_buft", P, [P, P])
+ggml_backend_buft_alloc_buffer = _bind(_base, "ggml_backend_buft_alloc_buffer", P, [P, c_size_t])
+ggml_backend_buft_get_device = _bind(_base, "ggml_backend_buft_get_device", P, [P])
+ggml_backend_dev_supports_op = _bind(_base, "ggml_backend_dev_supports_op", c_bool, [P, P])
 
 # ----------------------------------------------------------------------------------- ggml-cpu.h
 ggml_backend_cpu_init = _bind(_cpu, "ggml_backend_cpu_init", P, [])
 ggml_backend_cpu_set_n_threads = _bind(_cpu, "ggml_backend_cpu_set_n_threads", None, [P, c_int])
 ggml_cpu_has_avx2 = _bind(_cpu, "ggml_cpu_has_avx2", c_int, [])
+
+
+def _cpu_repack_buffer_type() -> Callable[[], Any] | None:
+    """``ggml_backend_cpu_repack_buffer_type()``: the buffer type whose tensors GGML stores in the
+    interleaved layouts its fastest CPU matmul kernels read (what llama.cpp loads Q4_0/Q4_K/...
+    weights into). A C++ function: only its mangled name is exported; None if this build has
+    none."""
+    try:
+        fn = getattr(_cpu, "_Z35ggml_backend_cpu_repack_buffer_typev")
+    except AttributeError:
+        return None
+    fn.restype, fn.argtypes = P, []
+    return fn
+
+
+ggml_backend_cpu_repack_buffer_type = _cpu_repack_buffer_type()
 
 # --------------------------------------------------------------------------------------- gguf.h
 gguf_init_from_file = _bind(_base, "gguf_init_from_file", P, [c_char_p, gguf_init_params])

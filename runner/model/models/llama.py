@@ -9,7 +9,8 @@
 Tensors are in GGML order (ne0 first): hidden states are ``[n_embd, n_tokens]``, a head-split
 projection ``[head_dim, n_heads, n_tokens]``. The same code serves every model that differs only
 in hyperparameters and in which optional tensors exist (biases on q/k/v/o, RoPE frequency
-factors); ``qwen2.py`` sets NeoX-style RoPE.
+factors, head sizes that are not ``n_embd / n_head`` as mistral-style files give them);
+``qwen2.py`` sets NeoX-style RoPE, ``qwen3.py`` adds q/k norms.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runner.kvcache.cache import Cache, LayerShape
 from runner.ml.ggml.backend import GGMLBackend, GraphContext
 from runner.ml.ggml.backend import GGMLTensor as Tensor
 from runner.model.gguf_weights import GGUFError, GGUFFile, Weights
+from runner.model.model import BatchInputs, Model
+from runner.model.nn import Linear, RMSNorm, Rotary, SwiGLU, attention
 
-from . import BatchInputs, Model, attention, register
-
-__all__ = ["Llama", "LlamaConfig"]
+__all__ = ["Block", "Llama", "LlamaConfig", "SelfAttention"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class LlamaConfig:
     n_head: int
     n_head_kv: int
     head_dim: int
+    v_head_dim: int
     n_ff: int
     norm_eps: float
     rope_dims: int
@@ -65,7 +68,9 @@ class LlamaConfig:
         n_embd = req("embedding_length")
         n_head = req("attention.head_count")
         n_head_kv = one("attention.head_count_kv", f.arch_get("attention.head_count_kv", n_head))
+        # mistral-style files give the head size (which need not be n_embd / n_head) here
         head_dim = int(f.arch_get("attention.key_length", n_embd // n_head))
+        v_head_dim = int(f.arch_get("attention.value_length", head_dim))
         embd = weights["token_embd.weight"]
         scaling = f.arch_get("rope.scaling.type", "none")
         factor = float(f.arch_get("rope.scaling.factor", 0.0) or 0.0)
@@ -79,6 +84,7 @@ class LlamaConfig:
             n_head=n_head,
             n_head_kv=int(n_head_kv),
             head_dim=head_dim,
+            v_head_dim=v_head_dim,
             n_ff=req("feed_forward_length"),
             norm_eps=float(f.arch_get("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_dims=int(f.arch_get("rope.dimension_count", head_dim)),
@@ -91,53 +97,6 @@ class LlamaConfig:
 
 
 # ----------------------------------------------------------------------------------- the blocks
-class Linear:
-    """``y = W x (+ b)``; ``W`` stored ``[n_in, n_out]`` in its file type."""
-
-    def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
-        self.weight = weight
-        self.bias = bias
-
-    @classmethod
-    def load(cls, w: Weights, name: str) -> Linear:
-        return cls(w[f"{name}.weight"], w.get(f"{name}.bias"))
-
-    def __call__(self, x: Tensor) -> Tensor:
-        y = self.weight.mulmat(x)
-        return y + self.bias if self.bias is not None else y
-
-
-class RMSNorm:
-    """``x / sqrt(mean(x^2) + eps) * weight``."""
-
-    def __init__(self, weight: Tensor, eps: float) -> None:
-        self.weight = weight
-        self.eps = eps
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return x.rms_norm(self.eps) * self.weight
-
-
-class Rotary:
-    """RoPE: rotate the first ``dims`` features of each head by ``pos * base^(-2i/dims)``."""
-
-    def __init__(self, c: LlamaConfig, factors: Tensor | None) -> None:
-        self.dims, self.base, self.scale, self.neox = c.rope_dims, c.rope_base, c.rope_scale, c.rope_neox
-        self.original_context = c.context_length
-        self.factors = factors
-
-    def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
-        return x.rope(
-            positions,
-            self.dims,
-            self.base,
-            neox=self.neox,
-            scale=self.scale,
-            factors=self.factors,
-            original_context=self.original_context,
-        )
-
-
 class SelfAttention:
     """Grouped-query self-attention: ``n_head`` query heads share ``n_head_kv`` K/V heads."""
 
@@ -147,42 +106,31 @@ class SelfAttention:
         self.v = Linear.load(w, f"blk.{i}.attn_v")
         self.o = Linear.load(w, f"blk.{i}.attn_output")
         self.rope = rope
-        self.n_head, self.n_head_kv, self.head_dim = c.n_head, c.n_head_kv, c.head_dim
+        self.n_head, self.n_head_kv = c.n_head, c.n_head_kv
+        self.head_dim, self.v_head_dim = c.head_dim, c.v_head_dim
         self.scale = c.attn_scale
 
-    def __call__(self, ctx: GraphContext, x: Tensor, positions: Tensor, cache: object, n_tokens: int) -> Tensor:
+    def __call__(self, ctx: GraphContext, x: Tensor, positions: Tensor, cache: Cache, n_tokens: int) -> Tensor:
         q = self.q(x).reshape(self.head_dim, self.n_head, n_tokens)
         k = self.k(x).reshape(self.head_dim, self.n_head_kv, n_tokens)
-        v = self.v(x).reshape(self.head_dim, self.n_head_kv, n_tokens)
+        v = self.v(x).reshape(self.v_head_dim, self.n_head_kv, n_tokens)
         q = self.rope(q, positions)
         k = self.rope(k, positions)
-        out = attention(ctx, q, k, v, cache, self.scale)  # [head_dim * n_head, n_tokens]
+        out = attention(ctx, q, k, v, cache, self.scale)  # [v_head_dim * n_head, n_tokens]
         return self.o(out)
-
-
-class MLP:
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
-
-    def __init__(self, w: Weights, i: int) -> None:
-        self.gate = Linear.load(w, f"blk.{i}.ffn_gate")
-        self.up = Linear.load(w, f"blk.{i}.ffn_up")
-        self.down = Linear.load(w, f"blk.{i}.ffn_down")
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.down(self.gate(x).swiglu(self.up(x)))
 
 
 class Block:
     """One transformer layer: pre-norm attention and MLP, each with a residual."""
 
-    def __init__(self, w: Weights, i: int, c: LlamaConfig, rope: Rotary) -> None:
+    def __init__(self, w: Weights, i: int, c: LlamaConfig, attn: SelfAttention) -> None:
         self.attn_norm = RMSNorm(w[f"blk.{i}.attn_norm.weight"], c.norm_eps)
-        self.attn = SelfAttention(w, i, c, rope)
+        self.attn = attn
         self.ffn_norm = RMSNorm(w[f"blk.{i}.ffn_norm.weight"], c.norm_eps)
-        self.mlp = MLP(w, i)
+        self.mlp = SwiGLU(w, f"blk.{i}")
 
     def __call__(
-        self, ctx: GraphContext, h: Tensor, positions: Tensor, cache: object, n_tokens: int, outputs: Tensor | None
+        self, ctx: GraphContext, h: Tensor, positions: Tensor, cache: Cache, n_tokens: int, outputs: Tensor | None
     ) -> Tensor:
         a = self.attn(ctx, self.attn_norm(h), positions, cache, n_tokens)
         if outputs is not None:  # last layer: only the rows whose logits are wanted go on
@@ -192,22 +140,31 @@ class Block:
 
 
 # ------------------------------------------------------------------------------------ the model
-@register
 class Llama(Model):
-    architectures = ("llama",)
-    rope_neox = False
+    rope_neox = False  # LLaMA rotates (2i, 2i + 1) pairs
 
     def __init__(self, gguf: GGUFFile, weights: Weights, backend: GGMLBackend) -> None:
         super().__init__(gguf, weights, backend)
         c = self.config = LlamaConfig.from_gguf(gguf, weights, rope_neox=self.rope_neox)
         self.n_vocab = c.n_vocab
         self.n_embd = c.n_embd
-        self.rope = Rotary(c, weights.get("rope_freqs.weight"))
+        self.rope = Rotary(
+            c.rope_dims,
+            c.rope_base,
+            scale=c.rope_scale,
+            neox=c.rope_neox,
+            factors=weights.get("rope_freqs.weight"),
+            original_context=c.context_length,
+        )
         self.embed = weights["token_embd.weight"]
-        self.blocks = [Block(weights, i, c, self.rope) for i in range(c.n_layer)]
+        self.blocks = [Block(weights, i, c, self.attention(weights, i)) for i in range(c.n_layer)]
         self.norm = RMSNorm(weights["output_norm.weight"], c.norm_eps)
         tied = "output.weight" not in weights  # no output matrix: reuse the embedding
         self.output = Linear(self.embed if tied else weights["output.weight"], weights.get("output.bias"))
+
+    def attention(self, w: Weights, i: int) -> SelfAttention:
+        """Layer ``i``'s attention."""
+        return SelfAttention(w, i, self.config, self.rope)
 
     def forward(self, ctx: GraphContext, batch: BatchInputs) -> Tensor:
         h = self.embed.rows(batch.tokens)  # [n_embd, n_tokens]
@@ -224,6 +181,6 @@ class Llama(Model):
     def shift(self, ctx: GraphContext, layer: int, key: Tensor, delta: Tensor) -> Tensor:
         return self.rope(key, delta)
 
-    def kv_layout(self) -> list[tuple[int, int, int]]:
+    def kv_layout(self) -> list[LayerShape]:
         c = self.config
-        return [(c.head_dim, c.head_dim, c.n_head_kv)] * c.n_layer
+        return [(c.head_dim, c.v_head_dim, c.n_head_kv)] * c.n_layer

@@ -1,0 +1,303 @@
+"""What every architecture of the new engine shares: batches, the :class:`Model` base that runs a
+model's graph, and the cache of built graphs.
+
+An architecture (``models/<arch>.py``) subclasses :class:`Model` and writes only the math:
+:meth:`Model.forward` builds the graph of one batch through ``runner.ml`` tensors,
+:meth:`Model.shift` re-applies RoPE to cached keys, :meth:`Model.new_cache` says which KV cache it
+attends through (a causal cache by default; gemma3 a sliding-window + global wrapper).
+:class:`Model` runs it: it owns the backend, the weights and the KV cache, reserves the
+worst-case graph at load, and keeps a few built graphs so that a batch whose shape and cache view
+equal an earlier one's (every decode step inside one 256-cell block of history) only uploads new
+inputs instead of rebuilding the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from runner.kvcache.cache import Cache, KvCacheError, LayerShape
+from runner.kvcache.causal import CausalCache
+from runner.ml.ggml.backend import GGMLBackend, GGMLTensor, GraphContext
+from runner.model.gguf_weights import GGUFFile, Weights
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Batch", "BatchInputs", "ForwardStats", "Model", "ModelLoadError"]
+
+
+class ModelLoadError(RuntimeError):
+    """The model cannot be loaded or its cache cannot be sized (one-line message)."""
+
+
+# ------------------------------------------------------------------------------------- batches
+@dataclass
+class Batch:
+    """One forward pass (Ollama's ``input.Batch``): token i of the batch is ``tokens[i]`` at
+    position ``positions[i]`` of sequence ``sequences[i]``; ``outputs`` are the batch indices
+    (ascending) whose logits are wanted."""
+
+    tokens: Sequence[int]
+    positions: Sequence[int]
+    sequences: Sequence[int]
+    outputs: Sequence[int]
+    embeddings: bool = False  # return the final normed hidden states instead of logits
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if n == 0 or len(self.positions) != n or len(self.sequences) != n:
+            raise ValueError(
+                f"bad batch: {n} tokens, {len(self.positions)} positions, {len(self.sequences)} sequences"
+            )
+        if len(self.outputs) == 0:
+            raise ValueError("batch without outputs")
+
+    @classmethod
+    def sequence(cls, tokens: Sequence[int], start: int = 0, seq: int = 0, all_logits: bool = False) -> Batch:
+        """A batch of consecutive ``tokens`` of one sequence from position ``start``; logits of
+        the last token (or of all with ``all_logits``)."""
+        n = len(tokens)
+        return cls(
+            tokens=list(tokens),
+            positions=list(range(start, start + n)),
+            sequences=[seq] * n,
+            outputs=list(range(n)) if all_logits else [n - 1],
+        )
+
+
+@dataclass
+class BatchInputs:
+    """The graph's view of a :class:`Batch`: i32 input tensors ``tokens [n_tokens]``,
+    ``positions [n_tokens]`` and ``outputs [n_outputs]`` (``None`` when every token is an
+    output, so no row selection is needed)."""
+
+    tokens: GGMLTensor
+    positions: GGMLTensor
+    outputs: GGMLTensor | None
+    n_tokens: int
+    n_outputs: int
+    embeddings: bool = False
+
+
+# ---------------------------------------------------------------------------------- statistics
+@dataclass
+class ForwardStats:
+    """Where the time of :meth:`Model.compute` went (nanoseconds, cumulative)."""
+
+    calls: int = 0
+    builds: int = 0
+    build_ns: int = 0  # Python: building graphs
+    prepare_ns: int = 0  # Python: cache bookkeeping + input arrays
+    compute_ns: int = 0  # GGML: allocation, upload, compute
+    read_ns: int = 0  # copying logits out
+
+    def reset(self) -> None:
+        self.calls = self.builds = self.build_ns = self.prepare_ns = self.compute_ns = self.read_ns = 0
+
+
+@dataclass
+class _Graph:
+    ctx: GraphContext
+    logits: GGMLTensor
+    out: np.ndarray
+
+
+# ---------------------------------------------------------------------------------------- model
+class Model:
+    """Base of every architecture: weights + backend + KV cache + graph execution."""
+
+    def __init__(self, gguf: GGUFFile, weights: Weights, backend: GGMLBackend) -> None:
+        self.gguf = gguf
+        self.weights = weights
+        self.backend = backend
+        self._cache: Cache | None = None
+        self.n_vocab = 0  # set by subclasses
+        self.n_embd = 0
+        self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
+        self.max_graphs = 4
+        self.stats = ForwardStats()
+        self._closed = False
+
+    # --- what a model writes ------------------------------------------------------------------
+    def forward(self, ctx: GraphContext, batch: BatchInputs) -> GGMLTensor:
+        """Build the graph of one batch; return the logits ``[n_vocab, n_outputs]`` (f32)."""
+        raise NotImplementedError
+
+    def shift(self, ctx: GraphContext, layer: int, key: GGMLTensor, delta: GGMLTensor) -> GGMLTensor:
+        """Re-apply RoPE to cached keys ``key [head_dim, n_kv_heads, n]`` for position deltas
+        ``delta`` (i32 ``[n]``) of layer ``layer``; used by the cache's context shift."""
+        raise NotImplementedError
+
+    def kv_layout(self) -> list[LayerShape]:
+        """Per layer ``(head_dim, v_head_dim, kv_heads)`` of what the layer stores in the cache,
+        so :meth:`init_cache` allocates all of it at once."""
+        raise NotImplementedError
+
+    def new_cache(self) -> Cache:
+        """A fresh, uninitialised KV cache of the kind this architecture attends through: by
+        default one causal cache for every layer, shifted by :meth:`shift`."""
+        return CausalCache(shift=self.shift)
+
+    # --- cache ----------------------------------------------------------------------------------
+    @property
+    def cache(self) -> Cache:
+        """The KV cache (``RuntimeError`` before :meth:`init_cache`)."""
+        if self._cache is None:
+            raise RuntimeError("the model's cache is not initialised: call init_cache() first")
+        return self._cache
+
+    def init_cache(
+        self, num_ctx: int, num_parallel: int = 1, num_batch: int = 512, kv_type: str = "f16"
+    ) -> None:
+        """Size the KV cache (Ollama's ``NewInputCache`` + ``reserveWorstCaseGraph``):
+        ``num_ctx`` tokens in total, split over ``num_parallel`` sequences, batches of up to
+        ``num_batch`` tokens. Allocates every layer's storage and the compute buffer for the
+        worst-case batch now, so a context that does not fit fails here with
+        :class:`ModelLoadError`."""
+        per_seq = num_ctx // max(1, num_parallel)
+        if per_seq < num_batch:
+            raise ModelLoadError(
+                f"kv size must be at least as large as batch size * parallel "
+                f"(num_ctx {num_ctx}, num_batch {num_batch}, parallel {num_parallel})"
+            )
+        self.drop_graphs()
+        if self._cache is not None:
+            self._cache.close()
+        cache = self._cache = self.new_cache()
+        try:
+            cache.init(self.backend, kv_type, num_parallel, per_seq, num_batch)
+            cache.allocate(self.kv_layout())
+        except MemoryError as e:
+            cache.close()
+            raise ModelLoadError(f"cannot allocate the KV cache for num_ctx {num_ctx}: {e}") from e
+        self.reserve(num_batch, n_outputs=num_parallel)
+
+    def reserve(self, n_tokens: int, n_outputs: int = 1) -> int:
+        """Build the worst-case graph (``n_tokens`` tokens attending to the whole cache) and size
+        the compute buffer for it; returns the compute buffer's bytes."""
+        n_outputs = max(1, min(n_outputs, n_tokens))
+        batch = Batch(
+            tokens=[0] * n_tokens,
+            positions=list(range(n_tokens)),
+            sequences=[0] * n_tokens,
+            outputs=list(range(n_tokens - n_outputs, n_tokens)),
+        )
+        cache = self.cache
+        try:
+            cache.start_forward(None, batch, reserve=True)
+            ctx = self.backend.new_context()
+            try:
+                logits = self.forward(ctx, self._inputs(ctx, batch))
+                size = ctx.reserve(logits)
+            finally:
+                ctx.close()
+        except (MemoryError, KvCacheError) as e:
+            kv = cache.nbytes
+            cache.close()
+            raise ModelLoadError(
+                f"cannot allocate the KV cache ({kv / 2**20:.0f} MiB so far) "
+                f"and compute buffer for a {n_tokens}-token batch: {e}"
+            ) from e
+        log.info("reserved: KV cache %.1f MiB, compute buffer %.1f MiB", cache.nbytes / 2**20, size / 2**20)
+        return size
+
+    @property
+    def memory_size(self) -> int:
+        """Bytes this model holds besides its (memory-mapped) weights: KV cache and compute
+        buffer."""
+        kv = self._cache.nbytes if self._cache is not None else 0
+        return kv + self.backend.compute_buffer_size
+
+    # --- running --------------------------------------------------------------------------------
+    def _inputs(self, ctx: GraphContext, batch: Batch) -> BatchInputs:
+        n, n_out = len(batch.tokens), len(batch.outputs)
+        outputs = None
+        if n_out != n:
+            outputs = ctx.input("outputs", np.asarray(batch.outputs, dtype=np.int32))
+        return BatchInputs(
+            tokens=ctx.input("tokens", np.asarray(batch.tokens, dtype=np.int32)),
+            positions=ctx.input("positions", np.asarray(batch.positions, dtype=np.int32)),
+            outputs=outputs,
+            n_tokens=n,
+            n_outputs=n_out,
+            embeddings=batch.embeddings,
+        )
+
+    def compute(self, batch: Batch) -> np.ndarray:
+        """Run one batch: place it in the cache, build (or reuse) its graph, compute, and return
+        the logits of ``batch.outputs`` as float32 ``(n_outputs, n_vocab)``.
+
+        The returned array is reused by the next call with the same graph: copy it to keep it.
+        Raises ``runner.kvcache.KvCacheFull`` when the cache has no room (nothing changed), and
+        ``ValueError`` for a batch larger than ``num_batch`` (call :meth:`init_cache` first)."""
+        t0 = time.perf_counter_ns()
+        cache = self.cache
+        if len(batch.tokens) > cache.max_batch:
+            raise ValueError(f"batch of {len(batch.tokens)} tokens, the cache was sized for {cache.max_batch}")
+        cache.start_forward(None, batch, reserve=False)
+        key = (len(batch.tokens), len(batch.outputs), batch.embeddings, cache.graph_key())
+        graph = self._graphs.get(key)
+        t1 = time.perf_counter_ns()
+        if graph is None:
+            graph = self._build(batch, key)
+            t2 = time.perf_counter_ns()
+            self.stats.builds += 1
+            self.stats.build_ns += t2 - t1
+        else:
+            self._graphs.move_to_end(key)
+            ctx = graph.ctx
+            ctx.set_input("tokens", np.asarray(batch.tokens, dtype=np.int32))
+            ctx.set_input("positions", np.asarray(batch.positions, dtype=np.int32))
+            if ctx.has_input("outputs"):
+                ctx.set_input("outputs", np.asarray(batch.outputs, dtype=np.int32))
+            for name, data in cache.graph_inputs().items():
+                if ctx.has_input(name):
+                    ctx.set_input(name, data)
+            t2 = time.perf_counter_ns()
+            self.stats.prepare_ns += t2 - t1
+        self.stats.prepare_ns += t1 - t0
+        graph.ctx.compute(graph.logits)
+        t3 = time.perf_counter_ns()
+        graph.logits.read_into(graph.out)  # [n_vocab, n_outputs] f32 into the reused array
+        t4 = time.perf_counter_ns()
+        self.stats.calls += 1
+        self.stats.compute_ns += t3 - t2
+        self.stats.read_ns += t4 - t3
+        return graph.out
+
+    def _build(self, batch: Batch, key: Hashable) -> _Graph:
+        ctx = self.backend.new_context()
+        logits = self.forward(ctx, self._inputs(ctx, batch))
+        width = self.n_embd if batch.embeddings else self.n_vocab
+        if logits.dim(0) != width or logits.dim(1) != len(batch.outputs):
+            ctx.close()
+            raise RuntimeError(f"forward returned {logits.shape}, expected [{width}, {len(batch.outputs)}]")
+        graph = _Graph(ctx, logits, np.empty((len(batch.outputs), width), dtype=np.float32))
+        self._graphs[key] = graph
+        while len(self._graphs) > self.max_graphs:
+            _, old = self._graphs.popitem(last=False)
+            old.ctx.close()
+        return graph
+
+    def drop_graphs(self) -> None:
+        """Forget the built graphs (they reference cache storage)."""
+        for gr in self._graphs.values():
+            gr.ctx.close()
+        self._graphs.clear()
+
+    def close(self) -> None:
+        """Free graphs, cache, weights and backend."""
+        if self._closed:
+            return
+        self._closed = True
+        self.drop_graphs()
+        if self._cache is not None:
+            self._cache.close()
+        self.weights.close()
+        self.backend.close()
+        self.gguf.close()
