@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import config as _config
-from runner import ggufmeta, prompt, store
+from runner import ggufmeta, prompt, store, templatefeatures
 from runner.api import ModelInfo, PollamaError
 
 from .http import iso
@@ -55,7 +55,8 @@ def details(info: ModelInfo) -> dict[str, Any]:
 
 
 def capabilities(info: ModelInfo) -> list[str]:
-    return ["completion"]
+    """Ollama's list: what the model's template supports (runner.templatefeatures)."""
+    return templatefeatures.capabilities(info)
 
 
 def kv_bytes(info: ModelInfo, num_ctx: int, num_parallel: int) -> int:
