@@ -76,6 +76,8 @@ class ChatBody(_Body):
     model: str
     messages: list[ChatMessage] = []
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None  # beyond Ollama: OpenAI's, to force a call
+    parallel_tool_calls: bool | None = None
     format: Format = None
     options: dict[str, Any] | None = None
     stream: bool | None = None
@@ -311,6 +313,7 @@ async def chat(body: ChatBody, svc: Service = Depends(service)) -> Response:
         return await _load_or_unload(svc, body.model, body.options, keep_alive, chat=True)
     request = Request(
         messages=chat_messages(body.messages), format=fmt, tools=tools, think=think,
+        tool_choice=toolwire.parse_tool_choice(body.tool_choice, tools), parallel_tool_calls=body.parallel_tool_calls,
         truncate=True if body.truncate is None else body.truncate,
         shift=True if body.shift is None else body.shift,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs,
