@@ -1160,7 +1160,7 @@ class _State:
                 value = 0
             items = ((i, i) for i in range(value))
         else:
-            raise TemplateError(f"line {node.pipe.line}: range can't iterate over {to_text(value)[:40]}")
+            raise TemplateError(f"line {node.pipe.line}: range can't iterate over {json.dumps(to_text(value)[:40])}")
         ran = False
         mark = len(self.vars)
         for key, elem in items:

@@ -18,6 +18,7 @@ slot cache hits.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 from . import gotemplate
@@ -31,12 +32,18 @@ __all__ = ["parse", "render"]
 def parse(source: str) -> Template:
     """Parse a Go TEMPLATE as Ollama does (``{{ .Response }}`` appended when it has neither
     ``.Messages`` nor ``.Response``). Raises InvalidRequest."""
+    return _parse(source)[0]
+
+
+@functools.lru_cache(maxsize=32)
+def _parse(source: str) -> tuple[Template, bool]:
+    """The template and whether it renders ``.Messages`` (cached: both are per source)."""
     template = gotemplate.parse(source)
     names = template.identifiers()
     if "messages" not in names and "response" not in names:
         response = Action(Pipe(0, cmds=[Command([Field(("Response",))])]))
         template = template.with_nodes([*template.nodes, response])
-    return template
+    return template, "messages" in names
 
 
 def _collate(messages: Sequence[Message]) -> tuple[str, list[Message]]:
@@ -63,10 +70,10 @@ _THINK = {"Think": False, "ThinkLevel": "", "IsThinkSet": False}
 def render(source: str, messages: Sequence[Message], budget: RenderBudget) -> str:
     """The prompt for ``messages`` by Ollama's rules, within ``budget``. Raises InvalidRequest
     for a template that does not parse, fails or overruns; Cancelled on the budget's event."""
-    template = parse(source)
+    template, uses_messages = _parse(source)
     input_chars = len(source) + sum(len(m.content) for m in messages)
     system, merged = _collate(messages)
-    if "messages" in template.identifiers():
+    if uses_messages:
         data = {"System": system, "Messages": [_message(m) for m in merged], "Tools": None, "Response": "",
                 **_THINK}
         return gotemplate.render(template, data, budget, input_chars)

@@ -200,7 +200,7 @@ def test_a_malformed_template_is_one_clear_line(source, message):
     ("{{ .S.X }}", {"S": "str"}, "can't evaluate field X in type string"),
     ('{{ eq 1 "a" }}', {}, "incompatible types"),
     ('{{ lt true false }}', {}, "invalid type for comparison"),
-    ("{{ range .S }}{{ end }}", {"S": "abc"}, "range can't iterate"),
+    ("{{ range .S }}{{ end }}", {"S": "a\nbc"}, "range can't iterate"),
     ("{{ .X 1 }}", {"X": 1}, "not a method but has arguments"),
     ("{{ not 1 2 }}", {}, "wrong number of args for not"),
 ])
@@ -259,3 +259,82 @@ def test_legacy_exchanges_share_one_budget():
 def test_no_value_is_false_and_prints_as_go_prints_it():
     assert go("{{ if .X }}y{{ else }}n{{ end }}{{ .X }}") == "n<no value>"
     assert repr(NO_VALUE) == "<no value>"
+
+
+def test_random_templates_fail_only_as_bad_input():
+    """Fragments of Go templates shuffled together: each parses and renders, or is one
+    InvalidRequest line; nothing else escapes (a seeded fuzz, so it is the same every run)."""
+    import random
+
+    pieces = ["{{", "}}", "{{-", "-}}", " ", ".", ".Messages", ".Role", ".Content", "$", "$x", ":=", "=", "|",
+              "(", ")", "range", "if", "else", "end", "with", "break", "continue", "eq", "len", "slice", "index",
+              "printf", "json", "and", "or", "not", '"s"', "'c'", "1", "-2", "0x1F", "1.5e3", "nil", "true", ",",
+              "/*", "*/", "text\n", "$i", "$.System", "print", "`raw`", '"\\n"', "le", "urlquery"]
+    rng = random.Random(1234)
+    data = {"Messages": [Struct("m", {"Role": "user", "Content": "hi"})], "System": "s", "Prompt": "p"}
+    outcomes = {"ok": 0, "error": 0}
+    for _ in range(3000):
+        source = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 24)))
+        try:
+            out = gotemplate.render(source, data, RenderBudget(RenderLimits(cpu_seconds=0.5)), 100)
+            assert isinstance(out, str)
+            outcomes["ok"] += 1
+        except InvalidRequest as err:
+            assert "\n" not in str(err), (source, str(err))
+            outcomes["error"] += 1
+    assert outcomes["ok"] > 100 and outcomes["error"] > 100, outcomes
+
+
+# A Llama 3.1-style template as Ollama's registry carries it: tools, tool calls, $last, slice.
+LLAMA31 = """{{- if or .System .Tools }}<|start_header_id|>system<|end_header_id|>
+{{- if .System }}
+
+{{ .System }}
+{{- end }}
+{{- if .Tools }}
+
+You are a helpful assistant with tool calling capabilities.
+{{- end }}<|eot_id|>
+{{- end }}
+{{- range $i, $_ := .Messages }}
+{{- $last := eq (len (slice $.Messages $i)) 1 }}
+{{- if eq .Role "user" }}<|start_header_id|>user<|end_header_id|>
+{{- if and $.Tools $last }}
+
+{{ range $.Tools }}
+{{- json . }}
+{{ end }}
+Question: {{ .Content }}<|eot_id|>
+{{- else }}
+
+{{ .Content }}<|eot_id|>
+{{- end }}{{ if $last }}<|start_header_id|>assistant<|end_header_id|>
+
+{{ end }}
+{{- else if eq .Role "assistant" }}<|start_header_id|>assistant<|end_header_id|>
+{{- if .ToolCalls }}
+{{ range .ToolCalls }}
+{"name": "{{ .Function.Name }}", "parameters": {{ .Function.Arguments }}}{{ end }}
+{{- else }}
+
+{{ .Content }}
+{{- end }}{{ if not $last }}<|eot_id|>{{ end }}
+{{- else if eq .Role "tool" }}<|start_header_id|>ipython<|end_header_id|>
+
+{{ .Content }}<|eot_id|>{{ if $last }}<|start_header_id|>assistant<|end_header_id|>
+
+{{ end }}
+{{- end }}
+{{- end }}"""
+
+
+def test_a_llama31_template_gives_llama_cpps_llama3_prompt():
+    from runner import chattemplates
+
+    for msgs in ([Message("user", "Hi")],
+                 [Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello!"),
+                  Message("user", "Name a color.")]):
+        assert ollamatemplate.render(LLAMA31, msgs, RenderBudget()) == chattemplates.apply("llama3", msgs)
+    # an assistant message last (a prefill) is left open for the model to continue
+    msgs = [Message("user", "Hi"), Message("assistant", "Hel")]
+    assert ollamatemplate.render(LLAMA31, msgs, RenderBudget()).endswith("<|end_header_id|>\n\nHel")

@@ -170,7 +170,7 @@ def test_serve_takes_a_go_template_in_the_request(server, smol):
     assert failing.status_code == 400 and "index out of range" in failing.json()["error"]
 
 
-def test_api_show_says_which_template(server, gemma3_path):
+def test_api_show_says_which_template(server, gemma3_path, tmp_path):
     shown = httpx.post(server.url + "/api/show", json={"model": "gotmpl"}, timeout=60).json()
     assert shown["template"] == GO_TEMPLATE and 'TEMPLATE """' + GO_TEMPLATE in shown["modelfile"]
     shown = httpx.post(server.url + "/api/show", json={"model": "samegguf"}, timeout=60).json()
@@ -178,6 +178,11 @@ def test_api_show_says_which_template(server, gemma3_path):
     shown = httpx.post(server.url + "/api/show", json={"model": str(gemma3_path)}, timeout=60).json()
     assert 'llama.cpp built-in template "gemma"' in shown["template"]
     assert "TEMPLATE" not in shown["modelfile"]
+    # and without a server
+    out = run_cli(["show", str(gemma3_path)], tmp_path)
+    assert re.search(r'template\s+llama.cpp built-in template "gemma" \(for architecture gemma3\)', out.stdout)
+    out = run_cli(["show", "--template", str(gemma3_path)], tmp_path)
+    assert out.stdout.startswith('llama.cpp built-in template "gemma"')
 
 
 @pytest.mark.slow
