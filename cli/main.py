@@ -14,7 +14,7 @@ from runner.api import Options, PollamaError, Request, coerce_option
 from runner.version import pollama_version
 
 from . import render
-from .chat import Session, repl, stream_response
+from .chat import Session, check_think, parse_think, repl, stream_response
 
 app = typer.Typer(
     add_completion=False,
@@ -92,6 +92,10 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", help="Show timings for the response"),
     nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Don't wrap words to the next line automatically"),
     format: Optional[str] = typer.Option(None, "--format", help='Response format (e.g. "json")'),
+    think: bool = typer.Option(False, "--think", help="Enable thinking (--think=high|medium|low for a level, "
+                                                      "--think=false to turn it off)"),
+    think_level: Optional[str] = typer.Option(None, "--think-level", hidden=True),
+    hidethinking: bool = typer.Option(False, "--hidethinking", help="Think, but don't show the thinking"),
     option: List[str] = typer.Option([], "--option", "-o", metavar="NAME=VALUE",
                                      help="Model option, e.g. -o num_ctx=8192 -o temperature=0 (repeatable)"),
 ) -> None:
@@ -103,6 +107,7 @@ def run(
     model, words = _split_model_and_prompt(list(args or []), cfg)
     user_options = _parse_options(option)
     try:
+        thinks = parse_think(think_level if think_level is not None else "true" if think else None)
         defaults = store.model_defaults(store.resolve(model, cfg))
         options = runner.checked_options(Options().merged(defaults.params).merged(user_options))
     except PollamaError as err:
@@ -123,19 +128,20 @@ def run(
     except PollamaError as err:
         raise _fail(str(err))
     try:
+        check_think(model, loaded, thinks)
         if interactive:
             session = Session(model=model, runner=loaded, options={**defaults.params, **user_options},
                               verbose=verbose, wordwrap=not nowordwrap, format=format or None,
-                              system=defaults.system)
+                              system=defaults.system, think=thinks, hide_thinking=hidethinking)
             repl(session, nohistory=cfg.nohistory)
             loaded = session.runner
             return
         text = " ".join(prompts)
         if not text.strip():
             return  # nothing to say: the model was loaded (Ollama's preload), done
-        request = Request(prompt=text, system=defaults.system, options=options, format=format or None)
+        request = Request(prompt=text, system=defaults.system, options=options, format=format or None, think=thinks)
         writer = render.StreamWriter(wordwrap=not nowordwrap)
-        _, final = stream_response(loaded.generate(request), writer)
+        _, final, _ = stream_response(loaded.generate(request), writer, hidethinking)
         if verbose and final is not None and final.metrics is not None:
             final.metrics.load_duration = loaded.load_duration
             render.print_metrics(final.metrics, loaded.engine)
@@ -190,5 +196,13 @@ def show(
 from . import server_cmds  # noqa: E402,F401  (registers serve, ps, stop on the app)
 
 
+def main() -> None:
+    """The ``pollama`` command. ``--think=LEVEL`` is Ollama's spelling of an optional value, which
+    click cannot parse without eating the next word (the prompt) after a bare ``--think``: it is
+    passed on as ``--think-level``."""
+    args = [("--think-level=" + a[len("--think="):]) if a.startswith("--think=") else a for a in sys.argv[1:]]
+    app(args=args, prog_name="pollama")
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -288,6 +288,7 @@ class Request:
     tools: list[Tool] = field(default_factory=list)
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     parallel_tool_calls: bool | None = None  # a forced call: several calls allowed only when True
+    tool_grammar: bool = True  # False: calls are only parsed, as Ollama does (to measure the grammar)
     # the model's reasoning: None (the model's default: on for models that think), True/False,
     # or an effort "high"|"medium"|"low"
     think: bool | str | None = None

@@ -322,7 +322,8 @@ class BatchRunner:
         if template is not None:
             found = template_features(template)
             reply = _reply.for_request(request, found, text)
-            if request.tools and found.tools is not None and request.tool_choice.mode != "none":
+            if request.tools and found.tools is not None and request.tool_choice.mode != "none" \
+                    and request.tool_grammar:
                 # forced: the whole answer is a call; auto: a call the model starts is well formed
                 if request.tool_choice.forced or grammar is None:
                     grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
