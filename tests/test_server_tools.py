@@ -201,3 +201,39 @@ def test_thinking_is_separated(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "model": SMOL, "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "high"})
     assert r.status_code == 400 and r.json()["error"]["message"] == f'"{SMOL}" does not support thinking'
+
+
+@pytest.mark.slow
+def test_anthropic_messages_with_tools_and_thinking(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    out = client.messages.create(model="smoltools", max_tokens=60, extra_body={"temperature": 0}, tools=tools,
+                                 tool_choice={"type": "any"}, messages=[{"role": "user", "content": PROMPTS[0]}])
+    assert out.stop_reason == "tool_use"
+    uses = [b for b in out.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather" and set(uses[0].input) == {"city"}
+    # the result goes back as a tool_result block; the model answers in text
+    # (the anthropic client no longer takes temperature: it goes in the body as is)
+    follow = client.messages.create(model="smoltools", max_tokens=20, extra_body={"temperature": 0}, tools=tools,
+                                    messages=[
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": uses[0].name,
+                                           "input": uses[0].input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "18 degrees"}]}])
+    assert follow.stop_reason in ("end_turn", "max_tokens") and follow.content[0].type == "text"
+    # streamed, with reasoning (DeepSeek-R1's template): thinking deltas, then the stop
+    with client.messages.stream(model="smolr1", max_tokens=10, extra_body={"temperature": 0}, system="Be brief.",
+                                thinking={"type": "enabled", "budget_tokens": 1024},
+                                messages=[{"role": "user", "content": "Hi"}]) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert kinds and set(kinds) == {"thinking_delta"} and final.content[0].type == "thinking"
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 10
+    # errors have Anthropic's shape
+    r = httpx.post(server.url + "/v1/messages", timeout=30, json={
+        "model": SMOL, "max_tokens": 5, "tools": tools, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json() == {
+        "type": "error", "error": {"type": "invalid_request_error", "message": f'"{SMOL}" does not support tools'}}
