@@ -2,8 +2,9 @@
 syntax), reasoning (and its tags), insert (a Go template's ``.Suffix``). From these come a model's
 ``capabilities`` (Ollama's ``/api/show`` list) and which requests it refuses.
 
-The probes render in the sandbox like any prompt; a template that fails on them supports
-nothing more than completion. Results are cached per template text.
+The probes render in the sandbox like any prompt, all of a template's probes within one render
+budget (so a hostile template costs at most one budget more than its own render); a template
+that fails on them supports nothing more than completion. Results are cached per template text.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ def features(template: ChatTemplate) -> TemplateFeatures:
     if template.kind != "jinja":
         return TemplateFeatures()
 
+    budget = prompt.RenderBudget()
+
     def render_tools(messages: Sequence[Message], tools: Sequence[Tool], generation: bool) -> str:
-        return prompt.render(template, messages, tools=tools, add_generation_prompt=generation)
+        return prompt.render(template, messages, tools=tools, add_generation_prompt=generation, budget=budget)
 
     def render_think(messages: Sequence[Message], think: bool, generation: bool) -> str:
-        return prompt.render(template, messages, think=think, add_generation_prompt=generation)
+        return prompt.render(template, messages, think=think, add_generation_prompt=generation, budget=budget)
 
     tools = tags = None
     try:

@@ -174,3 +174,15 @@ def test_forced_grammar_compiles_for_each_syntax():
                     L.llama_sampler_free(sampler)
     finally:
         vocab.close()
+
+
+def test_probes_share_one_render_budget():
+    """A template that burns CPU costs its probes one budget in all, and supports nothing."""
+    import time
+
+    from runner.sandbox import DEFAULT_LIMITS
+
+    slow = ChatTemplate("jinja", "{% for i in range(10**9) %}{% endfor %}{{ messages[0].content }}", "test")
+    t0 = time.thread_time()
+    assert features(slow).tools is None and features(slow).thinking is None
+    assert time.thread_time() - t0 < DEFAULT_LIMITS.cpu_seconds * 1.5 + 0.5
