@@ -89,10 +89,12 @@ def main() -> None:
     ap.add_argument("--engine", choices=["old", "new"], default="old")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--num-predict", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="GGML threads (1: an oversubscribed machine slows two threads down far more)")
     args = ap.parse_args()
     template = (ROOT / "tests" / "data" / "templates" / "qwen2.5.jinja").read_text()
     cfg = dataclasses.replace(config.load(), new_engine=args.engine == "new")
-    r = runner.load(None, Options(num_ctx=2048), cfg)
+    r = runner.load(None, Options(num_ctx=2048, num_thread=args.threads), cfg)
     modes = [("parse only (Ollama)", ToolChoice(), False), ("auto, lazy grammar", ToolChoice(), True),
              ("required, grammar", ToolChoice("required"), True)]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model {Path(r.info.path).name}, "
@@ -113,6 +115,7 @@ def main() -> None:
                     if chunk.done:
                         tokens += chunk.metrics.eval_count
                 text = "".join(texts)
+                print(f"  {label}: {prompt!r}: {len(calls)} call(s), {text[:40]!r}", file=sys.stderr, flush=True)
                 if well_formed(calls, text):
                     good += 1
                 elif not calls and "<tool_call>" not in text and "{" not in text:
