@@ -25,7 +25,7 @@ from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, Tool
 from . import toolwire
 from .http import JSON, RunnerResponse, anthropic_error, dumps, status_of
 from .ollama_api import service
-from .service import Outcome, Service, collect, now_ns, parse_keep_alive
+from .service import Outcome, Service, collect, now_ns
 
 router = APIRouter(prefix="/v1")
 
