@@ -9,7 +9,9 @@ for one of five tools, greedy decoding; three ways to run each:
 - required: the whole answer constrained to a call of one of the tools (``tool_choice``).
 
 A call is well formed when it parses, names one of the tools, and its arguments have the
-tool's required keys with the schema's types. Prints a Markdown table.
+tool's required keys with the schema's types; a reply with no ``<tool_call>`` tag is a text
+answer; anything else is a broken call (malformed, or cut off by ``--num-predict``). Prints a
+Markdown table; each reply's start goes to stderr.
 
     python bench/bench_tools.py [--engine old|new] [--prompts 50]
 """
@@ -118,8 +120,8 @@ def main() -> None:
                 print(f"  {label}: {prompt!r}: {len(calls)} call(s), {text[:40]!r}", file=sys.stderr, flush=True)
                 if well_formed(calls, text):
                     good += 1
-                elif not calls and "<tool_call>" not in text and "{" not in text:
-                    text_only += 1
+                elif not calls and "<tool_call>" not in text:
+                    text_only += 1  # no call attempted
                 else:
                     broken += 1
             n = args.prompts
