@@ -13,7 +13,8 @@ from prompt_toolkit.history import FileHistory, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 
 import runner
-from runner.api import Chunk, Message, Options, PollamaError, Request, coerce_option
+from runner.api import Chunk, InvalidRequest, Message, Options, PollamaError, Request, coerce_option
+from runner.templatefeatures import features
 
 from . import render
 
@@ -41,6 +42,8 @@ HELP_SET = """Available Commands:
   /set noformat          Disable formatting
   /set verbose           Show LLM stats
   /set quiet             Disable LLM stats
+  /set think [level]     Enable thinking (level: high, medium or low)
+  /set nothink           Disable thinking
 """
 
 HELP_PARAMETERS = """Available Parameters:
@@ -88,15 +91,31 @@ class _EmptyInterrupt(Exception):
     """Ctrl-C on an empty line."""
 
 
-def stream_response(chunks: Iterator[Chunk], writer: render.StreamWriter) -> tuple[str, Chunk | None]:
-    """Print a streamed answer (spinner until the first token); return its text and last chunk."""
+def stream_response(chunks: Iterator[Chunk], writer: render.StreamWriter,
+                    hide_thinking: bool = False) -> tuple[str, Chunk | None, str]:
+    """Print a streamed answer (spinner until the first token), its reasoning dimmed between
+    "Thinking..." and "...done thinking." unless ``hide_thinking``; return the answer's text,
+    the last chunk and the reasoning."""
     parts: list[str] = []
+    thoughts: list[str] = []
     final = None
+    thinking = False
     spinner = render.Spinner().start()
     try:
         for chunk in chunks:
+            if chunk.thinking:
+                thoughts.append(chunk.thinking)
+                if not hide_thinking:
+                    spinner.stop()
+                    if not thinking:
+                        writer.write_dim("Thinking...\n")
+                        thinking = True
+                    writer.write_dim(chunk.thinking)
             if chunk.text:
                 spinner.stop()
+                if thinking:
+                    writer.write_dim("\n...done thinking.\n\n")
+                    thinking = False
                 writer.write(chunk.text)
                 parts.append(chunk.text)
             if chunk.done:
@@ -105,8 +124,31 @@ def stream_response(chunks: Iterator[Chunk], writer: render.StreamWriter) -> tup
         spinner.stop()
         if hasattr(chunks, "close"):
             chunks.close()  # cancels the sequence when we stop early (Ctrl-C)
+    if thinking:
+        writer.write_dim("\n...done thinking.\n\n")
     writer.end()
-    return "".join(parts), final
+    return "".join(parts), final, "".join(thoughts)
+
+
+def parse_think(value: str | None) -> bool | str | None:
+    """``--think`` (true), ``--think=high|medium|low``, ``--think=false``; None when not given.
+    Raises PollamaError for anything else."""
+    if value is None:
+        return None
+    level = value.strip().lower()
+    if level in ("true", ""):
+        return True
+    if level == "false":
+        return False
+    if level in ("high", "medium", "low"):
+        return level
+    raise InvalidRequest(f"invalid value for --think: {value!r} (use high, medium or low)")
+
+
+def check_think(model: str | None, loaded: runner.Runner, think: bool | str | None) -> None:
+    """Refuse ``think`` for a model that does not reason (Ollama's message)."""
+    if think not in (None, False) and features(runner.model_template(loaded.info)).thinking is None:
+        raise InvalidRequest(f'"{model or loaded.info.name}" does not support thinking')
 
 
 @dataclass
@@ -119,6 +161,8 @@ class Session:
     verbose: bool = False
     wordwrap: bool = True
     format: str | None = None
+    think: bool | str | None = None
+    hide_thinking: bool = False
     load: Callable[[str | None, Options], runner.Runner] = runner.load
 
     def print_history(self) -> None:
@@ -137,11 +181,11 @@ class Session:
         if self.system:
             msgs = [Message("system", self.system)] + [m for m in msgs if m.role != "system"]
         msgs.append(Message("user", text))
-        request = Request(messages=msgs, options=self.request_options(), format=self.format)
+        request = Request(messages=msgs, options=self.request_options(), format=self.format, think=self.think)
         writer = render.StreamWriter(wordwrap=self.wordwrap)
-        answer, final = stream_response(self.runner.chat(request), writer)
+        answer, final, thought = stream_response(self.runner.chat(request), writer, self.hide_thinking)
         self.messages.append(Message("user", text))
-        self.messages.append(Message("assistant", answer))
+        self.messages.append(Message("assistant", answer, thinking=thought))
         if self.verbose and final is not None and final.metrics is not None:
             render.print_metrics(final.metrics, self.runner.engine)
 
@@ -225,6 +269,16 @@ class Session:
         elif what == "noformat":
             self.format = None
             print("Disabled format.")
+        elif what in ("think", "nothink"):
+            try:
+                think = parse_think(args[1] if len(args) > 1 else "true") if what == "think" else False
+                check_think(self.model, self.runner, think)
+            except PollamaError as err:
+                print(f"Couldn't set think: {err}")
+                return
+            self.think = think
+            level = f" (level {think})" if isinstance(think, str) else ""
+            print(f"Set 'think' mode{level}." if think else "Set 'nothink' mode.")
         elif what in ("history", "nohistory"):
             print(f"Set '{what}' mode.")
         else:

@@ -14,7 +14,7 @@ from runner.api import Message, Options, PollamaError, Request, coerce_option
 from runner.version import pollama_version
 
 from . import render
-from .chat import Session, repl, stream_response
+from .chat import Session, check_think, parse_think, repl, stream_response
 
 app = typer.Typer(
     add_completion=False,
@@ -92,6 +92,10 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", help="Show timings for the response"),
     nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Don't wrap words to the next line automatically"),
     format: Optional[str] = typer.Option(None, "--format", help='Response format (e.g. "json")'),
+    think: bool = typer.Option(False, "--think", help="Enable thinking (--think=high|medium|low for a level, "
+                                                      "--think=false to turn it off)"),
+    think_level: Optional[str] = typer.Option(None, "--think-level", hidden=True),
+    hidethinking: bool = typer.Option(False, "--hidethinking", help="Think, but don't show the thinking"),
     option: List[str] = typer.Option([], "--option", "-o", metavar="NAME=VALUE",
                                      help="Model option, e.g. -o num_ctx=8192 -o temperature=0 (repeatable)"),
     insecure: bool = typer.Option(False, "--insecure", help="Use an insecure registry when the model is pulled"),
@@ -106,6 +110,7 @@ def run(
     from .store_cmds import resolve_or_pull
 
     try:
+        thinks = parse_think(think_level if think_level is not None else "true" if think else None)
         defaults = store.model_defaults(resolve_or_pull(cfg, model, insecure))
         options = runner.checked_options(Options().merged(defaults.params).merged(user_options))
     except PollamaError as err:
@@ -128,10 +133,12 @@ def run(
     except PollamaError as err:
         raise _fail(str(err))
     try:
+        check_think(model, loaded, thinks)
         if interactive:
             session = Session(model=model, runner=loaded, options={**defaults.params, **user_options},
                               verbose=verbose, wordwrap=not nowordwrap, format=format or None,
-                              system=defaults.system, messages=list(defaults.messages))
+                              system=defaults.system, messages=list(defaults.messages),
+                              think=thinks, hide_thinking=hidethinking)
             session.print_history()
             repl(session, nohistory=cfg.nohistory)
             loaded = session.runner
@@ -142,12 +149,13 @@ def run(
         writer = render.StreamWriter(wordwrap=not nowordwrap)
         if defaults.messages:  # the model's MESSAGEs start the conversation: a chat turn
             messages = store.starting_messages(defaults, [Message("user", text)])
-            request = Request(messages=messages, system=defaults.system, options=options, format=format or None)
+            request = Request(messages=messages, system=defaults.system, options=options,
+                              format=format or None, think=thinks)
             chunks = loaded.chat(request)
         else:
-            request = Request(prompt=text, system=defaults.system, options=options, format=format or None)
+            request = Request(prompt=text, system=defaults.system, options=options, format=format or None, think=thinks)
             chunks = loaded.generate(request)
-        _, final = stream_response(chunks, writer)
+        _, final, _ = stream_response(chunks, writer, hidethinking)
         if verbose and final is not None and final.metrics is not None:
             final.metrics.load_duration = loaded.load_duration
             render.print_metrics(final.metrics, loaded.engine)
@@ -222,7 +230,16 @@ from . import server_cmds  # noqa: E402,F401  (registers serve, ps, stop on the 
 from . import store_cmds  # noqa: E402,F401  (registers pull, push, create, cp, rm on the app)
 
 
-if __name__ == "__main__":  # python -m cli.main: the commands are registered on cli.main's app
+def main() -> None:
+    """The ``pollama`` command. ``--think=LEVEL`` is Ollama's spelling of an optional value, which
+    click cannot parse without eating the next word (the prompt) after a bare ``--think``: it is
+    passed on as ``--think-level``. Under ``python -m cli.main`` this module is ``__main__``, and
+    the commands are registered on ``cli.main``'s app, so that is the one called."""
     from cli.main import app as registered
 
-    registered()
+    args = [("--think-level=" + a[len("--think="):]) if a.startswith("--think=") else a for a in sys.argv[1:]]
+    registered(args=args, prog_name="pollama")
+
+
+if __name__ == "__main__":
+    main()

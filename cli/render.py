@@ -97,6 +97,18 @@ class StreamWriter:
         self.out.write("".join(buf))
         self.out.flush()
 
+    def write_dim(self, text: str) -> None:
+        """Reasoning: dimmed on a terminal, as Ollama shows it."""
+        if not text:
+            return
+        is_tty = getattr(self.out, "isatty", lambda: False)()
+        if is_tty:
+            self.out.write("\x1b[2m")
+        self.write(text)
+        if is_tty:
+            self.out.write("\x1b[0m")
+            self.out.flush()
+
     def end(self) -> None:
         """Finish a response: Ollama prints two newlines after it."""
         if self.wrote_any:

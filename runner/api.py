@@ -175,9 +175,72 @@ def coerce_option(name: str, raw: Any) -> Any:
 
 # ------------------------------------------------------------------------------------- requests
 @dataclass
+class ToolCall:
+    """A call of one of the request's tools, as the model wrote it (or as a client sends it back
+    in an assistant message). ``index`` is its place among the calls of one answer."""
+
+    name: str
+    arguments: dict[str, Any]
+    index: int = 0
+    id: str = ""  # OpenAI's call id ("call_..."); empty when the client gave none
+
+    def wire(self) -> dict[str, Any]:
+        """The HF/OpenAI shape chat templates expect: ``{"id", "type": "function", "function":
+        {"name", "arguments"}}`` with ``arguments`` a dict."""
+        out: dict[str, Any] = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        if self.id:
+            out["id"] = self.id
+        return out
+
+
+@dataclass
+class Tool:
+    """A function the model may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def wire(self) -> dict[str, Any]:
+        """The ``{"type": "function", "function": {...}}`` form templates render."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Whether the answer must be a tool call (OpenAI's ``tool_choice``).
+
+    ``auto``: the model decides; ``none``: no tools are offered; ``required``: the answer is a
+    call of one of the tools; ``function``: a call of the tool named ``name``. The last two are
+    enforced with a grammar (:mod:`runner.sample.toolgrammar`)."""
+
+    mode: str = "auto"
+    name: str = ""
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "function")
+
+
+@dataclass
 class Message:
     role: str
     content: str
+    thinking: str = ""  # an assistant's reasoning (rendered as ``reasoning_content``)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # an assistant's calls
+    tool_name: str = ""  # a tool message: the tool whose result this is
+    tool_call_id: str = ""  # a tool message: the call it answers (OpenAI's id)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A GBNF grammar the sampled tokens must follow (rule ``root``). With a ``trigger`` (a
+    regular expression over the output so far, llama.cpp's lazy grammar) it only starts to
+    constrain once the output matches the trigger, from the trigger's first group onwards."""
+
+    gbnf: str
+    trigger: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +285,13 @@ class Request:
     chat_template: ChatTemplate | None = None
     context: list[int] | None = None  # /api/generate's deprecated token context, prepended
     format: str | dict | None = None  # "json" or a JSON schema
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    parallel_tool_calls: bool | None = None  # a forced call: several calls allowed only when True
+    tool_grammar: bool = True  # False: calls are only parsed, as Ollama does (to measure the grammar)
+    # the model's reasoning: None (the model's default: on for models that think), True/False,
+    # or an effort "high"|"medium"|"low"
+    think: bool | str | None = None
     options: Options = field(default_factory=Options)
     truncate: bool = True
     shift: bool = True
@@ -267,6 +337,8 @@ class Chunk:
     """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics."""
 
     text: str = ""
+    thinking: str = ""  # reasoning, separated from the answer when the request thinks
+    tool_calls: list[ToolCall] | None = None  # calls completed in this piece of output
     done: bool = False
     done_reason: DoneReason | None = None
     metrics: Metrics | None = None

@@ -29,12 +29,14 @@ import numpy as np
 
 from . import embedding as _embedding
 from . import prompt as _prompt
+from . import reply as _reply
 from .api import (
     Cancelled,
     ChatTemplate,
     Chunk,
     DoneReason,
     Embedding,
+    Grammar,
     InvalidRequest,
     LoadError,
     Message,
@@ -47,6 +49,9 @@ from .api import (
 )
 from .embedding import EmbedJob, EmbedLanes
 from .inputcache import InputCache, ReprocessInputs, Slot
+from .sample.grammar import format_grammar
+from .sample.toolgrammar import tool_call_grammar
+from .templatefeatures import features as template_features
 from .text import (
     contains_stop_suffix,
     decode_flush,
@@ -70,6 +75,8 @@ class Sequence:
     num_keep: int
     num_predict: int
     stops: list[bytes]
+    grammar: Grammar | None = None  # what the sampled tokens must follow (format, forced tool calls)
+    reply: _reply.ReplyParser | None = None  # splits the output into thinking, content, tool calls
     t_request: int = field(default_factory=_now)
     out: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item); see submit()
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -198,17 +205,23 @@ class BatchRunner:
         return self._chat_prompt(messages, template, truncate, cancel)[0]
 
     def _chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
-                     cancel: threading.Event | None) -> tuple[str, list[int]]:
-        """:meth:`render_chat`'s text and its tokens (``template``: a chosen one, or text)."""
+                     cancel: threading.Event | None, request: Request | None = None) -> tuple[str, list[int]]:
+        """:meth:`render_chat`'s text and its tokens (``template``: a chosen one, or text;
+        ``request``: its tools and ``think`` are rendered too)."""
         bos, eos = self.special_tokens
-        chosen = template if isinstance(template, ChatTemplate) else _prompt.select(template, self.info)
+        chosen = self._template(template)
         budget = _prompt.RenderBudget(cancel=cancel)
+        tools = request.tools if request is not None and request.tool_choice.mode != "none" else []
+        think = request.think if request is not None else None
 
         def render(msgs):
             return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
-                                  budget=budget)
+                                  tools=tools, think=think, budget=budget)
 
         return _prompt.chat_prompt(messages, render, self.tokenize, self.num_ctx, truncate)
+
+    def _template(self, template: str | ChatTemplate | None) -> ChatTemplate:
+        return template if isinstance(template, ChatTemplate) else _prompt.select(template, self.info)
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Validate and tokenize now (errors raise here); the returned iterator streams."""
@@ -232,13 +245,13 @@ class BatchRunner:
     def _prepare(self, request: Request, chat: bool) -> Sequence:
         self._check_open()
         t0 = _now()
+        chosen = self._template(request.chat_template or request.template)
         if chat:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            _, tokens = self._chat_prompt(messages, request.chat_template or request.template, request.truncate,
-                                          request.cancel)
-            return self._new_sequence(tokens, request, t0)
+            text, tokens = self._chat_prompt(messages, chosen, request.truncate, request.cancel, request)
+            return self._new_sequence(tokens, request, t0, text, chosen)
         if request.raw:
             text = request.prompt
         else:
@@ -246,13 +259,12 @@ class BatchRunner:
             if request.system:
                 messages.append(Message("system", request.system))
             messages.append(Message("user", request.prompt))
-            text, tokens = self._chat_prompt(messages, request.chat_template or request.template, False,
-                                             request.cancel)
+            text, tokens = self._chat_prompt(messages, chosen, False, request.cancel, request)
             if not request.context:
-                return self._new_sequence(tokens, request, t0)
+                return self._new_sequence(tokens, request, t0, text, chosen)
         if request.context:
             text = self.detokenize(list(request.context)) + text
-        return self._new_sequence(self.tokenize(text), request, t0)
+        return self._new_sequence(self.tokenize(text), request, t0, text, None if request.raw else chosen)
 
     def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
         """All of ``texts`` go to the loop as one job, evaluated several per decode."""
@@ -302,9 +314,21 @@ class BatchRunner:
         self._engine_close()
 
     # ------------------------------------------------------------------------ sequences
-    def _new_sequence(self, tokens: list[int], request: Request, t0: int) -> Sequence:
+    def _new_sequence(self, tokens: list[int], request: Request, t0: int, text: str = "",
+                      template: ChatTemplate | None = None) -> Sequence:
         if not tokens:
             raise InvalidRequest("no input provided")
+        grammar = format_grammar(request.format)
+        reply = None
+        if template is not None:
+            found = template_features(template)
+            reply = _reply.for_request(request, found, text)
+            if request.tools and found.tools is not None and request.tool_choice.mode != "none" \
+                    and request.tool_grammar:
+                # forced: the whole answer is a call; auto: a call the model starts is well formed
+                if request.tool_choice.forced or grammar is None:
+                    grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
+                                                request.parallel_tool_calls)
         opts = request.options
         num_keep = opts.num_keep
         if num_keep < 0:
@@ -322,7 +346,7 @@ class BatchRunner:
         if num_predict < 0 or num_predict > 10 * self.num_ctx:
             num_predict = 10 * self.num_ctx
         stops = [s.encode("utf-8") for s in opts.stop if s]
-        return Sequence(request, tokens, num_keep, num_predict, stops, t_request=t0)
+        return Sequence(request, tokens, num_keep, num_predict, stops, grammar=grammar, reply=reply, t_request=t0)
 
     def _enqueue(self, seq: Sequence | EmbedJob) -> None:
         with self._lock:
@@ -534,13 +558,18 @@ class BatchRunner:
             del seq.generated[max(len(seq.generated) - cut, 0):]
         seq.inputs = []
 
-    def _flush(self, seq: Sequence) -> None:
-        if not seq.pending_pieces and not seq.pending_logprobs:
+    def _flush(self, seq: Sequence, final: bool = False) -> None:
+        """Send the held-back output (``final``: the reply ended, so its parser holds nothing)."""
+        if not seq.pending_pieces and not seq.pending_logprobs and not (final and seq.reply):
             return
         text = decode_flush(b"".join(seq.pending_pieces))
         chunk = Chunk(text=text, logprobs=seq.pending_logprobs or None)
+        if seq.reply is not None:
+            parts = seq.reply.feed(text, final)
+            chunk.text, chunk.thinking, chunk.tool_calls = parts.content, parts.thinking, parts.tool_calls or None
         seq.pending_pieces, seq.pending_logprobs = [], []
-        seq.out.put(chunk)
+        if chunk.text or chunk.thinking or chunk.tool_calls or chunk.logprobs or seq.reply is None:
+            seq.out.put(chunk)
 
     def _metrics(self, seq: Sequence) -> Metrics:
         end = seq.t_last or _now()
@@ -557,7 +586,7 @@ class BatchRunner:
 
     def _finish(self, i: int, seq: Sequence, reason: DoneReason) -> None:
         if reason is not DoneReason.CONNECTION_CLOSED:
-            self._flush(seq)
+            self._flush(seq, final=True)
         final = Chunk(done=True, done_reason=reason, metrics=self._metrics(seq), context=seq.prompt + seq.generated)
         self._release(i, seq)  # before the caller sees done: its slot is already free
         seq.out.put(final)

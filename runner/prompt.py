@@ -22,12 +22,13 @@ render within a budget (every template is untrusted: a request's, a Modelfile's,
 
 from __future__ import annotations
 
+import json
 import re
 import threading
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from . import chattemplates, ollamatemplate, sandbox
-from .api import ChatTemplate, InvalidRequest, Message, ModelInfo
+from .api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool
 from .sandbox import DEFAULT_LIMITS, RenderBudget, RenderLimits
 
 __all__ = ["DEFAULT_LIMITS", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt", "model_template",
@@ -70,6 +71,23 @@ def select(request: str | None, info: ModelInfo) -> ChatTemplate:
     return request_template(request) if request else model_template(info)
 
 
+def message_dict(m: Message) -> dict[str, Any]:
+    """A message as HF and llama.cpp templates read it: ``tool_calls`` (with ``function.arguments``
+    a dict), ``tool_call_id`` and ``name`` (a tool message's tool), ``reasoning_content`` (an
+    assistant's thinking). Keys are present only when set: templates test ``'tool_calls' in
+    message`` or ``message.x is defined``."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [c.wire() for c in m.tool_calls]
+    if m.thinking:
+        out["reasoning_content"] = m.thinking
+    if m.tool_name:
+        out["name"] = m.tool_name
+    if m.tool_call_id:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
 def render_template(
     source: str,
     messages: Sequence[Message],
@@ -77,19 +95,30 @@ def render_template(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: Sequence[Tool] = (),
+    think: bool | str | None = None,
     budget: RenderBudget | None = None,
 ) -> str:
     """Render a Jinja chat template with the globals HF and llama.cpp templates expect, within
-    ``budget`` (a fresh one of :data:`DEFAULT_LIMITS` when None). Raises InvalidRequest for a
+    ``budget`` (a fresh one of :data:`DEFAULT_LIMITS` when None): ``messages`` (see
+    :func:`message_dict`), ``tools`` (``{"type": "function", "function": {...}}`` each; None when
+    there are none), ``add_generation_prompt``, and for a request that sets ``think``,
+    ``enable_thinking`` (and ``reasoning_effort`` for a level). Raises InvalidRequest for a
     template that fails or overruns, Cancelled when the budget's cancel event is set."""
-    context = {
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
+    context: dict[str, Any] = {
+        "messages": [message_dict(m) for m in messages],
         "bos_token": bos_token,
         "eos_token": eos_token,
         "add_generation_prompt": add_generation_prompt,
-        "tools": None,
+        "tools": [t.wire() for t in tools] or None,
     }
-    input_chars = len(source) + sum(len(m.content) for m in messages)
+    if think is not None:
+        context["enable_thinking"] = think is not False
+        if isinstance(think, str):
+            context["reasoning_effort"] = think
+    input_chars = len(source) + sum(len(m.content) + len(m.thinking) for m in messages)
+    input_chars += sum(len(json.dumps(c.arguments)) for m in messages for c in m.tool_calls)
+    input_chars += sum(len(json.dumps(t.parameters)) + len(t.description) for t in tools)
     return sandbox.render(source, budget or RenderBudget(), input_chars, context)
 
 
@@ -114,6 +143,9 @@ def render(
     bos_token: str = "",
     eos_token: str = "",
     tokenizer_adds_bos: bool = False,
+    tools: Sequence[Tool] = (),
+    think: bool | str | None = None,
+    add_generation_prompt: bool = True,
     budget: RenderBudget | None = None,
     limits: RenderLimits = DEFAULT_LIMITS,
     cancel: threading.Event | None = None,
@@ -137,7 +169,8 @@ def render(
     budget = budget or RenderBudget(limits, cancel)
     if template.kind == "go":
         return ollamatemplate.render(template.source, messages, budget)
-    text = render_template(template.source, messages, bos_token=bos_token, eos_token=eos_token, budget=budget)
+    text = render_template(template.source, messages, bos_token=bos_token, eos_token=eos_token, tools=tools,
+                           think=think, add_generation_prompt=add_generation_prompt, budget=budget)
     if tokenizer_adds_bos and bos_token and text.startswith(bos_token):
         text = text[len(bos_token):]
     return text

@@ -19,7 +19,7 @@ from serverproc import ServerProcess
 from test_store_safety import canary_tree, snapshot_outside
 
 STORIES_PATH = str(STORIES)
-GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions"}
+GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions", "/v1/messages"}
 REGISTRY = LocalRegistry()  # pulls go here (404 for what it lacks), never to the internet
 
 
@@ -73,7 +73,7 @@ def tame(path: str, body: object) -> None:
         if not isinstance(options, dict):
             options = body["options"] = {}
         options["num_predict"] = 8
-    if path in ("/v1/chat/completions", "/v1/completions"):
+    if path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
         body["max_tokens"] = 8
         body.pop("max_completion_tokens", None)
 
@@ -89,7 +89,10 @@ def test_no_server_errors(operation, mode, fuzz_server):
         assert response.status_code < 500, (case.method, case.path, case.body, response.text)
         if response.status_code >= 400 and response.text:
             error = response.json().get("error")
-            if case.path.startswith("/v1/"):  # OpenAI's shape
+            if case.path == "/v1/messages":  # Anthropic's shape
+                assert response.json().get("type") == "error", response.text
+                assert isinstance(error, dict) and set(error) == {"type", "message"}, response.text
+            elif case.path.startswith("/v1/"):  # OpenAI's shape
                 assert isinstance(error, dict) and isinstance(error.get("message"), str), response.text
                 assert set(error) == {"message", "type", "param", "code"}, response.text
             else:

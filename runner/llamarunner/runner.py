@@ -25,7 +25,7 @@ from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
 from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache
-from ..sample.grammar import format_to_gbnf
+from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
 from .cache import LlamaKv
 from .embed import EmbedContext
@@ -266,7 +266,7 @@ class LlamaRunner(BatchRunner):
     # --------------------------------------------------------------------------- sampling
     def _engine_new_sampler(self, seq: Sequence) -> Any:
         opts = seq.request.options
-        if opts.temperature <= 0 and seq.request.format in (None, "", "null"):
+        if opts.temperature <= 0 and seq.grammar is None:
             # Greedy: the shared sampler (llama.cpp's penalties, then argmax) reads the logits in
             # place, where llama.cpp's chain first copies all n_vocab candidates: ~0.05 ms a token
             # instead of ~0.3 ms, time the batch loop otherwise spends between two decodes.
@@ -275,9 +275,8 @@ class LlamaRunner(BatchRunner):
                 greedy.accept_many(seq.prompt[-greedy.history.maxlen:])
             return greedy
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if seq.request.format not in (None, "", "null"):
-            grammar = format_to_gbnf(seq.request.format)
-            g = L.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+        if seq.grammar is not None:
+            g = init_sampler(self._vocab, seq.grammar)
             if not g:
                 L.llama_sampler_free(chain)
                 raise InvalidRequest("the format could not be compiled to a grammar")

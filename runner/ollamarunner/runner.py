@@ -203,10 +203,10 @@ class OllamaRunner(BatchRunner):
         if last_n:
             sampler.accept_many(seq.prompt[-last_n:])  # repeat penalties see the prompt
         grammar = None
-        if seq.request.format not in (None, "", "null"):
+        if seq.grammar is not None:
             if self._vocab is None:
                 self._vocab = VocabOnly(self.info.path)
-            grammar = GrammarSampler(self._vocab, seq.request.format)
+            grammar = GrammarSampler(self._vocab, seq.grammar)
         return _SeqSampler(sampler, grammar)
 
     def _engine_free_sampler(self, sampler: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..api import InvalidRequest
+from ..api import Grammar, InvalidRequest
 
 
 def format_to_gbnf(fmt: str | dict) -> str:
@@ -29,6 +29,24 @@ def format_to_gbnf(fmt: str | dict) -> str:
         except Exception as err:  # the converter raises assorted errors on bad schemas
             raise InvalidRequest(f"invalid JSON schema in format: {err}") from None
     raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema")
+
+
+def format_grammar(fmt: str | dict | None) -> Grammar | None:
+    """The grammar for a request's ``format`` (None: unconstrained). Raises InvalidRequest."""
+    if fmt in (None, "", "null"):
+        return None
+    return Grammar(format_to_gbnf(fmt))
+
+
+def init_sampler(vocab, grammar: Grammar):
+    """A llama.cpp grammar sampler for ``grammar`` over ``vocab`` (a ``llama_vocab`` pointer):
+    lazy, from its trigger's first group, when it has a trigger. NULL when it does not compile."""
+    import llama_cpp as L
+
+    if grammar.trigger is None:
+        return L.llama_sampler_init_grammar(vocab, grammar.gbnf.encode(), b"root")
+    patterns = (ctypes.c_char_p * 1)(grammar.trigger.encode())
+    return L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.gbnf.encode(), b"root", patterns, 1, None, 0)
 
 
 class VocabOnly:
@@ -58,12 +76,12 @@ class GrammarSampler:
 
     _DTYPE = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 
-    def __init__(self, vocab: VocabOnly, fmt: str | dict) -> None:
+    def __init__(self, vocab: VocabOnly, grammar: Grammar) -> None:
         import llama_cpp as L
 
         self._L = L
         self.n_vocab = vocab.n_vocab
-        self._smpl = L.llama_sampler_init_grammar(vocab.vocab, format_to_gbnf(fmt).encode(), b"root")
+        self._smpl = init_sampler(vocab.vocab, grammar)
         if not self._smpl:
             raise InvalidRequest("the format could not be compiled to a grammar")
         self._data = (L.llama_token_data * self.n_vocab)()

@@ -50,8 +50,17 @@ def openai_error(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error object, its ``type`` from the status."""
+    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "overloaded_error"}.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def error_body(message: str, *, status: int = 500, path: str = "/api/") -> bytes:
-    """The error body for a request to ``path``: OpenAI's shape on ``/v1/*``, else Ollama's."""
+    """The error body for a request to ``path``: Anthropic's shape on ``/v1/messages``, OpenAI's
+    on the rest of ``/v1/*``, else Ollama's."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return dumps(anthropic_error(status, message))
     if path == "/v1" or path.startswith("/v1/"):
         return dumps(openai_error(status, message))
     return dumps({"error": message})

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from runner import config as _config
-from runner import ggufmeta, prompt, store
+from runner import ggufmeta, prompt, store, templatefeatures
 from runner.store import modelfile
 from runner.api import ModelInfo, PollamaError
 
@@ -54,7 +54,8 @@ def details(info: ModelInfo) -> dict[str, Any]:
 
 
 def capabilities(info: ModelInfo) -> list[str]:
-    return ["completion"]
+    """Ollama's list: what the model's template supports (runner.templatefeatures)."""
+    return templatefeatures.capabilities(info)
 
 
 # -------------------------------------------------------------------------------------- lists

@@ -19,6 +19,7 @@ from runner.version import OLLAMA_API_VERSION, pollama_version
 from runner.api import Chunk, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
+from . import toolwire
 from .http import NDJSON, JSON, RunnerResponse, dumps, now_iso
 from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
@@ -75,6 +76,8 @@ class ChatBody(_Body):
     model: str
     messages: list[ChatMessage] = []
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None  # beyond Ollama: OpenAI's, to force a call
+    parallel_tool_calls: bool | None = None
     format: Format = None
     options: dict[str, Any] | None = None
     stream: bool | None = None
@@ -127,9 +130,31 @@ def check_format(fmt: Format) -> str | dict | None:
     raise InvalidRequest(f'invalid format "{fmt}": use "json" or a JSON schema')
 
 
-def check_think(think: bool | str | None, model: str) -> None:
-    if think not in (None, False, "", "false", "none"):
-        raise InvalidRequest(f'"{model}" does not support thinking')
+THINK_LEVELS = ("high", "medium", "low")
+
+
+def check_think(think: bool | str | None) -> bool | str | None:
+    """``think``: a bool or a level ("max" is "high", as Ollama maps it). Whether the model can
+    think is checked once its template is known (service.check_features)."""
+    if think is None or isinstance(think, bool):
+        return think
+    level = think.lower()
+    if level == "max":
+        return "high"
+    if level in THINK_LEVELS:
+        return level
+    if level in ("true", "false"):
+        return level == "true"
+    raise InvalidRequest(f'invalid think value {think!r}: use true, false, "high", "medium" or "low"')
+
+
+def chat_messages(raw: list[ChatMessage]) -> list[Message]:
+    out = []
+    for i, m in enumerate(raw):
+        out.append(Message(m.role, m.content or "", thinking=m.thinking or "",
+                           tool_calls=toolwire.calls_from_wire(m.tool_calls, f"messages[{i}]"),
+                           tool_name=m.tool_name or ""))
+    return out
 
 
 def logprobs_wire(items: list[TokenLogprob] | None) -> list[dict[str, Any]]:
@@ -180,19 +205,26 @@ def _generation_response(svc: Service, *, model: str, request: Request, options:
     def head() -> dict[str, Any]:
         return {"model": model, "created_at": now_iso()}
 
-    def piece(text: str, lps: list[TokenLogprob] | None) -> dict[str, Any]:
+    def piece(text: str, lps: list[TokenLogprob] | None, thinking: str = "", calls=None) -> dict[str, Any]:
         body = head()
         if chat:
-            body["message"] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = toolwire.ollama_calls(calls)
+            body["message"] = message
         else:
             body["response"] = text
+            if thinking:
+                body["thinking"] = thinking
         body["done"] = False
         if logprobs and lps:
             body["logprobs"] = logprobs_wire(lps)
         return body
 
-    def final(chunk: Chunk, text: str, lps: list[TokenLogprob]) -> dict[str, Any]:
-        body = piece(text, lps)
+    def final(chunk: Chunk, text: str, lps: list[TokenLogprob], thinking: str = "", calls=None) -> dict[str, Any]:
+        body = piece(text, lps, thinking, calls)
         body["done"] = True
         body["done_reason"] = chunk.done_reason.value if chunk.done_reason else "stop"
         if with_context and chunk.context is not None:
@@ -208,7 +240,7 @@ def _generation_response(svc: Service, *, model: str, request: Request, options:
                 if chunk.done:
                     yield dumps(final(chunk, "", [])) + b"\n"
                 else:
-                    yield dumps(piece(chunk.text, chunk.logprobs)) + b"\n"
+                    yield dumps(piece(chunk.text, chunk.logprobs, chunk.thinking, chunk.tool_calls)) + b"\n"
                 started = True
         except Exception as err:
             if not started:
@@ -218,9 +250,9 @@ def _generation_response(svc: Service, *, model: str, request: Request, options:
             await chunks.aclose()
 
     async def single() -> AsyncIterator[bytes]:
-        text, lps, last = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
-        if last is not None:
-            yield dumps(final(last, text, lps))
+        reply = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
+        if reply.final is not None:
+            yield dumps(final(reply.final, reply.text, reply.logprobs, reply.thinking, reply.tool_calls))
 
     return RunnerResponse(ndjson if stream else single, NDJSON if stream else JSON,
                           on_close=request.cancel.set)
@@ -246,7 +278,7 @@ async def generate(body: GenerateBody, svc: Service = Depends(service)) -> Respo
         raise InvalidRequest("model is required")
     keep_alive = parse_keep_alive(body.keep_alive)
     fmt = check_format(body.format)
-    check_think(body.think, body.model)
+    think = check_think(body.think)
     if body.images:
         raise InvalidRequest(f'"{body.model}" does not support images')
     if body.suffix:
@@ -255,7 +287,7 @@ async def generate(body: GenerateBody, svc: Service = Depends(service)) -> Respo
         return await _load_or_unload(svc, body.model, body.options, keep_alive, chat=False)
     request = Request(
         prompt=body.prompt, system=body.system, template=body.template or None, raw=body.raw,
-        context=body.context or None, format=fmt,
+        context=body.context or None, format=fmt, think=think,
         truncate=True if body.truncate is None else body.truncate,
         shift=True if body.shift is None else body.shift,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs,
@@ -273,15 +305,15 @@ async def chat(body: ChatBody, svc: Service = Depends(service)) -> Response:
         raise InvalidRequest("model is required")
     keep_alive = parse_keep_alive(body.keep_alive)
     fmt = check_format(body.format)
-    check_think(body.think, body.model)
-    if body.tools:
-        raise InvalidRequest(f'"{body.model}" does not support tools')
+    think = check_think(body.think)
+    tools = toolwire.parse_tools(body.tools)
     if any(m.images for m in body.messages):
         raise InvalidRequest(f'"{body.model}" does not support images')
     if not body.messages:
         return await _load_or_unload(svc, body.model, body.options, keep_alive, chat=True)
     request = Request(
-        messages=[Message(m.role, m.content or "") for m in body.messages], format=fmt,
+        messages=chat_messages(body.messages), format=fmt, tools=tools, think=think,
+        tool_choice=toolwire.parse_tool_choice(body.tool_choice, tools), parallel_tool_calls=body.parallel_tool_calls,
         truncate=True if body.truncate is None else body.truncate,
         shift=True if body.shift is None else body.shift,
         logprobs=body.logprobs, top_logprobs=body.top_logprobs,

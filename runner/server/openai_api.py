@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, TokenLogprob
 
 from . import models as _models
+from . import toolwire
 from .http import JSON, SSE, RunnerResponse, dumps, openai_error, status_of
 from .ollama_api import normalize_dims, service
 from .service import Outcome, Service, collect, now_ns, parse_keep_alive
@@ -50,6 +51,8 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class StreamOptions(_Body):
@@ -89,7 +92,10 @@ class ChatCompletionBody(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
+    reasoning: dict[str, Any] | None = None
 
 
 class CompletionBody(_Sampling):
@@ -162,8 +168,43 @@ def message_text(message: ChatMessage) -> str:
     return "".join(parts)
 
 
-def finish_reason(chunk: Chunk) -> str:
+def finish_reason(chunk: Chunk, called: bool = False) -> str:
+    if called:
+        return "tool_calls"
     return "length" if chunk.done_reason is DoneReason.LENGTH else "stop"
+
+
+def reasoning_think(body: ChatCompletionBody) -> bool | str | None:
+    """``reasoning_effort`` (or ``reasoning.effort``) as ``think``, as Ollama maps it: high,
+    medium, low (max is high), none turns it off."""
+    effort = body.reasoning_effort
+    if effort is None and body.reasoning is not None:
+        effort = body.reasoning.get("effort")
+    if effort is None:
+        return None
+    if not isinstance(effort, str) or effort.lower() not in ("high", "medium", "low", "max", "none", "minimal"):
+        raise InvalidRequest(f"invalid reasoning_effort {effort!r}: use high, medium, low or none")
+    effort = effort.lower()
+    if effort in ("none", "minimal"):
+        return False
+    return "high" if effort == "max" else effort
+
+
+def chat_messages(raw: list[ChatMessage]) -> list[Message]:
+    """OpenAI messages as the runner's: ``developer`` is ``system``; an assistant's calls keep
+    their ids; a tool message gets the name of the call it answers (its ``tool_call_id``)."""
+    names: dict[str, str] = {}
+    out = []
+    for i, m in enumerate(raw):
+        calls = toolwire.calls_from_wire(m.tool_calls, f"messages[{i}]")
+        names.update({c.id: c.name for c in calls if c.id})
+        tool_name = ""
+        if m.role == "tool":
+            tool_name = m.name or names.get(m.tool_call_id or "", "")
+        out.append(Message("system" if m.role == "developer" else m.role, message_text(m),
+                           thinking=m.reasoning_content or m.reasoning or "", tool_calls=calls,
+                           tool_name=tool_name, tool_call_id=m.tool_call_id or ""))
+    return out
 
 
 def usage(chunk: Chunk) -> dict[str, Any]:
@@ -202,10 +243,16 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
         return {"id": ident, "object": obj_kind, "created": created, "model": model,
                 "system_fingerprint": FINGERPRINT, "choices": choices}
 
-    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, streaming: bool) -> dict[str, Any]:
+    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, streaming: bool,
+               thinking: str = "", calls=None) -> dict[str, Any]:
         if chat:
             key = "delta" if streaming else "message"
-            out: dict[str, Any] = {"index": 0, key: {"role": "assistant", "content": text}}
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thinking:
+                message["reasoning"] = message["reasoning_content"] = thinking
+            if calls:
+                message["tool_calls"] = toolwire.openai_calls(calls, streaming)
+            out: dict[str, Any] = {"index": 0, key: message}
             if request.logprobs:
                 out["logprobs"] = chat_logprobs(lps or []) if (lps or not streaming) else None
             out["finish_reason"] = reason
@@ -214,18 +261,20 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
 
     async def events() -> AsyncIterator[bytes]:
         chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
-        started = False
+        started = called = False
         try:
             async for chunk in chunks:
                 if chunk.done:
-                    yield sse(envelope([choice("", finish_reason(chunk), None, True)]))
+                    yield sse(envelope([choice("", finish_reason(chunk, called), None, True)]))
                     if include_usage:
                         body = envelope([])
                         body["usage"] = usage(chunk)
                         yield sse(body)
                     yield b"data: [DONE]\n\n"
                 else:
-                    yield sse(envelope([choice(chunk.text, None, chunk.logprobs, True)]))
+                    called = called or bool(chunk.tool_calls)
+                    yield sse(envelope([choice(chunk.text, None, chunk.logprobs, True, chunk.thinking,
+                                               chunk.tool_calls)]))
                 started = True
         except Exception as err:
             if not started:
@@ -235,10 +284,11 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
             await chunks.aclose()
 
     async def single() -> AsyncIterator[bytes]:
-        text, lps, last = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
-        if last is not None:
-            body = envelope([choice(text, finish_reason(last), lps, False)])
-            body["usage"] = usage(last)
+        reply = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
+        if reply.final is not None:
+            body = envelope([choice(reply.text, finish_reason(reply.final, bool(reply.tool_calls)), reply.logprobs,
+                                    False, reply.thinking, reply.tool_calls)])
+            body["usage"] = usage(reply.final)
             yield dumps(body)
 
     return RunnerResponse(events if stream else single, SSE if stream else JSON, on_close=request.cancel.set)
@@ -252,15 +302,16 @@ async def chat_completions(body: ChatCompletionBody, svc: Service = Depends(serv
         raise InvalidRequest("model is required")
     if not body.messages:
         raise InvalidRequest("no messages provided")
-    if body.tools:
-        raise InvalidRequest(f'"{body.model}" does not support tools')
+    tools = toolwire.parse_tools(body.tools)
+    tool_choice = toolwire.parse_tool_choice(body.tool_choice, tools)
     keep_alive = parse_keep_alive(body.keep_alive)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     check_counts(body, max_tokens=body.max_tokens, max_completion_tokens=body.max_completion_tokens)
     top = body.top_logprobs or 0
     request = Request(
-        messages=[Message("system" if m.role == "developer" else m.role, message_text(m)) for m in body.messages],
-        format=response_format(body.response_format),
+        messages=chat_messages(body.messages), format=response_format(body.response_format),
+        tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls,
+        think=reasoning_think(body),
         logprobs=bool(body.logprobs) or top > 0, top_logprobs=top,
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -11,12 +11,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import runner as _runner
 from runner import config as _config
-from runner import prompt, store
+from runner import prompt, store, templatefeatures
 from runner.api import (
     Cancelled,
     Chunk,
@@ -27,7 +27,9 @@ from runner.api import (
     PollamaError,
     Request,
     TokenLogprob,
+    ToolCall,
 )
+from runner.thinking import think_on
 
 from .disconnect import client_gone
 from .scheduler import LoadedModel, Scheduler, ShuttingDown, in_thread, resolve
@@ -91,6 +93,17 @@ def fit_to_runner(request: Request, model: LoadedModel) -> None:
             raise InvalidRequest(f"invalid context: token ids must be in [0, {n_vocab})")
 
 
+def check_features(name: str, request: Request) -> None:
+    """Refuse what the model's template cannot do, with Ollama's messages: tools it does not
+    render, reasoning it does not have (``think`` asked for; unset is fine)."""
+    assert request.chat_template is not None
+    found = templatefeatures.features(request.chat_template)
+    if request.tools and request.tool_choice.mode != "none" and found.tools is None:
+        raise InvalidRequest(f'"{name}" does not support tools')
+    if found.thinking is None and think_on(request.think, False):
+        raise InvalidRequest(f'"{name}" does not support thinking')
+
+
 # ----------------------------------------------------------------------------------- running
 @dataclass
 class Outcome:
@@ -143,6 +156,7 @@ class Service:
             request.messages = store.starting_messages(defaults, list(request.messages or []))
         # chosen for the model named: models with one GGUF share a runner, not their TEMPLATE
         request.chat_template = prompt.select(request.template, self.scheduler.model_info(stored))
+        check_features(name, request)
         check_top_logprobs(request.top_logprobs)
         model = await self.scheduler.acquire(name, request.options, keep_alive)
         outcome.model = model
@@ -227,17 +241,31 @@ class Service:
         self.scheduler.release(model)
 
 
-async def collect(chunks: AsyncIterator[Chunk]) -> tuple[str, list[TokenLogprob], Chunk | None]:
-    """A whole answer from a stream (``stream: false``): its text, logprobs and final chunk."""
+@dataclass
+class Reply:
+    """A whole answer (``stream: false``): its parts, logprobs and final chunk."""
+
+    text: str = ""
+    thinking: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    final: Chunk | None = None
+
+
+async def collect(chunks: AsyncIterator[Chunk]) -> Reply:
+    """Gather a stream into one :class:`Reply`."""
     texts: list[str] = []
-    logprobs: list[TokenLogprob] = []
-    final = None
+    thoughts: list[str] = []
+    reply = Reply()
     try:
         async for chunk in chunks:
             texts.append(chunk.text)
-            logprobs.extend(chunk.logprobs or [])
+            thoughts.append(chunk.thinking)
+            reply.tool_calls.extend(chunk.tool_calls or [])
+            reply.logprobs.extend(chunk.logprobs or [])
             if chunk.done:
-                final = chunk
+                reply.final = chunk
     finally:
         await chunks.aclose()
-    return "".join(texts), logprobs, final
+    reply.text, reply.thinking = "".join(texts), "".join(thoughts)
+    return reply

@@ -1,0 +1,90 @@
+"""A grammar whose every output is a well-formed call of the request's tools, written in the
+model's own tool-call syntax (beyond Ollama, which only parses what the model happens to write).
+
+The call's JSON comes from the tools' JSON schemas (llama.cpp's schema converter, as ``format``
+uses): ``{"<name key>": "<one tool's name>", "<args key>": <that tool's parameters>}``, one
+alternative per tool, inside the template's prefix and suffix (``<tool_call>\\n`` … ``\\n</tool_call>``)
+and, for templates that write a list of calls, brackets. Forced (``tool_choice`` ``required`` or a
+named function) the whole answer follows it; with ``auto`` it is lazy: it starts constraining
+only once the model writes the call's tag (llama.cpp's trigger patterns), so the model may still
+answer in plain text, but a call it starts is well formed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Sequence
+
+from ..api import Grammar, InvalidRequest, Tool, ToolChoice
+from ..toolcalls import ToolSyntax
+
+
+def _literal(text: str) -> str:
+    """A GBNF string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") + '"'
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as an ECMAScript regular expression (what llama.cpp's std::regex reads)."""
+    out = []
+    for ch in text:
+        if ch in "\\^$.|?*+()[]{}/-":
+            out.append("\\" + ch)
+        elif ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _call_schema(syntax: ToolSyntax, tool: Tool) -> dict:
+    params = tool.parameters if isinstance(tool.parameters, dict) and tool.parameters else {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {syntax.name_key: {"const": tool.name}, syntax.args_key: params},
+        "required": [syntax.name_key, syntax.args_key],
+        "additionalProperties": False,
+    }
+
+
+def tool_call_grammar(syntax: ToolSyntax, tools: Sequence[Tool], choice: ToolChoice,
+                      parallel: bool | None) -> Grammar:
+    """The grammar for a request's tool calls (see the module's doc). Several calls in one
+    answer only when ``parallel`` is True. Raises InvalidRequest for a schema that does not
+    convert, or a named function that is not among ``tools``."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    chosen = list(tools)
+    if choice.mode == "function":
+        chosen = [t for t in tools if t.name == choice.name]
+        if not chosen:
+            raise InvalidRequest(f"tool_choice names {choice.name!r}, which is not one of the tools")
+    schemas = [_call_schema(syntax, t) for t in chosen]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    try:
+        body = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as err:  # the converter raises assorted errors on bad schemas
+        raise InvalidRequest(f"invalid JSON schema in tools: {err}") from None
+    body = re.sub(r"^root ::=", "tool-call ::=", body, count=1, flags=re.M)
+    if syntax.as_list:
+        calls = '"[" tool-call ("," space tool-call)* "]"' if parallel else '"[" tool-call "]"'
+    else:
+        calls = "tool-call"
+    # around the JSON, the template's tags with up to two spaces or newlines (the template's
+    # own "\n" among them): a model that drops one is still on the grammar's path
+    parts = [_literal(syntax.tag)] if syntax.tag else []
+    parts += ["gap", calls, "gap"] if syntax.tag or syntax.end_tag else [calls]
+    parts += [_literal(syntax.end_tag)] if syntax.end_tag else []
+    many = 'tool-block ("\\n" tool-block)*' if parallel and not syntax.as_list else "tool-block"
+    gbnf = f"root ::= {many}\ntool-block ::= {' '.join(parts)}\ngap ::= [ \\n]? [ \\n]?\n{body}"
+    if choice.forced:
+        return Grammar(gbnf)
+    # auto: lazily, once the answer opens with the call's tag (or, for bare JSON, its bracket).
+    # The trigger must match all the output so far (llama.cpp's regex_match after each token):
+    # anchored, its cost does not grow with the answer; ending at the tag, it fires only when a
+    # token ends exactly there, so the grammar never starts in the middle of a token it rejects
+    # (llama.cpp aborts on that). A call the trigger misses is still parsed, just not constrained.
+    opening = syntax.tag or ("[" if syntax.as_list else "{")
+    trigger = r"\s*(" + _regex_literal(opening) + r")"
+    return Grammar(gbnf, trigger)

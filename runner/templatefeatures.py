@@ -1,0 +1,77 @@
+"""What a chat template supports, found by rendering probes through it: tool calls (and their
+syntax), reasoning (and its tags), insert (a Go template's ``.Suffix``). From these come a model's
+``capabilities`` (Ollama's ``/api/show`` list) and which requests it refuses.
+
+The probes render in the sandbox like any prompt, all of a template's probes within one render
+budget (so a hostile template costs at most one budget more than its own render); a template
+that fails on them supports nothing more than completion. Results are cached per template text.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+from . import ollamatemplate, prompt, thinking, toolcalls
+from .api import ChatTemplate, Message, ModelInfo, PollamaError, Tool
+from .thinking import ThinkTags
+from .toolcalls import ToolSyntax
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TemplateFeatures:
+    tools: ToolSyntax | None = None  # None: the template does not render tools
+    thinking: ThinkTags | None = None  # None: the model does not reason in tags
+    insert: bool = False  # a Go template with .Suffix (fill-in-the-middle)
+
+
+@functools.lru_cache(maxsize=64)
+def features(template: ChatTemplate) -> TemplateFeatures:
+    """The features of ``template`` (cached: the probes cost a few renders)."""
+    if template.kind == "go":
+        try:
+            names = ollamatemplate.parse(template.source).identifiers()
+        except PollamaError:
+            return TemplateFeatures()
+        return TemplateFeatures(insert="suffix" in names)
+    if template.kind != "jinja":
+        return TemplateFeatures()
+
+    budget = prompt.RenderBudget()
+
+    def render_tools(messages: Sequence[Message], tools: Sequence[Tool], generation: bool) -> str:
+        return prompt.render(template, messages, tools=tools, add_generation_prompt=generation, budget=budget)
+
+    def render_think(messages: Sequence[Message], think: bool, generation: bool) -> str:
+        return prompt.render(template, messages, think=think, add_generation_prompt=generation, budget=budget)
+
+    tools = tags = None
+    try:
+        tools = toolcalls.derive(render_tools)
+    except PollamaError as err:
+        log.debug("tool probe failed: %s", err)
+    try:
+        tags = thinking.derive(render_think, template.source)
+    except PollamaError as err:
+        log.debug("thinking probe failed: %s", err)
+    return TemplateFeatures(tools=tools, thinking=tags)
+
+
+def capabilities(info: ModelInfo, template: ChatTemplate | None = None) -> list[str]:
+    """Ollama's capability names for a model (with ``template``, or the one it uses by default):
+    ``completion`` (or ``embedding`` for a model that pools), then ``tools``, ``thinking``,
+    ``insert`` as its template allows."""
+    pooling = info.metadata.get(f"{info.architecture}.pooling_type")
+    out = ["embedding" if pooling not in (None, 0) else "completion"]
+    found = features(template or prompt.model_template(info))
+    if found.tools is not None:
+        out.append("tools")
+    if found.thinking is not None:
+        out.append("thinking")
+    if found.insert:
+        out.append("insert")
+    return out

@@ -1,0 +1,31 @@
+"""A copy of a GGUF with another ``tokenizer.chat_template``, written with the ``gguf`` package:
+a real model (SmolLM2) given a real tool or reasoning template, for the end-to-end tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+
+
+def with_chat_template(src: Path, dst: Path, template: str) -> Path:
+    """Write ``dst``: ``src``'s metadata and tensors with ``template`` as its chat template."""
+    reader = gguf.GGUFReader(str(src))
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
+            continue
+        kind = fld.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, fld.contents(), kind, sub_type=fld.types[-1])
+        else:
+            writer.add_key_value(name, fld.contents(), kind)
+    writer.add_chat_template(template)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
