@@ -346,10 +346,30 @@ def test_quantized_kv_cache_matches_llama_cpp(kv_type: str, ggml_type: int, monk
 QWEN2_HP = dict(n_vocab=300, n_embd=80, n_head=4, n_head_kv=2, n_ff=128, n_layer=3, ctx=512)
 
 
+def random_tensors(w, rng: np.random.Generator):
+    """``rnd(*shape, scale)``: random f32 weights; ``add(name, array, kind)``: write one tensor
+    to the GGUF writer ``w`` as f32, f16 or q8_0. For the random-weight GGUFs the tests write."""
+    import gguf
+    from gguf.quants import quantize
+
+    def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def add(name: str, arr: np.ndarray, kind: str = "f32") -> None:
+        if kind == "f16":
+            w.add_tensor(name, arr.astype(np.float16))
+        elif kind == "q8_0":
+            q = quantize(arr, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, arr)
+
+    return rnd, add
+
+
 def _write_qwen2(path: Path, seed: int = 0, tied: bool = False) -> None:
     """A tiny random qwen2: head_dim 20, GQA 4:2, 3 layers, q/k/v biases, F16/F32/Q8_0 weights."""
     import gguf
-    from gguf.quants import quantize
 
     hp = QWEN2_HP
     rng = np.random.default_rng(seed)
@@ -368,17 +388,7 @@ def _write_qwen2(path: Path, seed: int = 0, tied: bool = False) -> None:
     w.add_vocab_size(v)
     w.add_tokenizer_model("no_vocab")
 
-    def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def add(name: str, arr: np.ndarray, kind: str = "f32") -> None:
-        if kind == "f16":
-            w.add_tensor(name, arr.astype(np.float16))
-        elif kind == "q8_0":
-            q = quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, arr)
+    rnd, add = random_tensors(w, rng)
 
     add("token_embd.weight", rnd(v, e, scale=1.0), "f16")
     add("output_norm.weight", 1.0 + rnd(e, scale=0.1))

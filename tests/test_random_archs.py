@@ -21,14 +21,13 @@ import numpy as np
 import pytest
 
 from runner.model.models import Batch
-from tests.test_ggml_models import LlamaCppRef, _compare, _greedy, _open
+from tests.test_ggml_models import LlamaCppRef, _compare, _greedy, _open, random_tensors
 
 N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM, N_FF, N_LAYER = 300, 80, 4, 2, 32, 128, 3
 
 
 def _write(path: Path, arch: str, *, qk_norm: bool, seed: int) -> None:
     import gguf
-    from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
     e, v, f, hd = N_EMBD, N_VOCAB, N_FF, HEAD_DIM
@@ -49,17 +48,7 @@ def _write(path: Path, arch: str, *, qk_norm: bool, seed: int) -> None:
     w.add_vocab_size(v)
     w.add_tokenizer_model("no_vocab")
 
-    def rnd(*shape: int, scale: float = 0.2) -> np.ndarray:
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def add(name: str, arr: np.ndarray, kind: str = "f32") -> None:
-        if kind == "f16":
-            w.add_tensor(name, arr.astype(np.float16))
-        elif kind == "q8_0":
-            q = quantize(arr, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, arr)
+    rnd, add = random_tensors(w, rng)
 
     add("token_embd.weight", rnd(v, e, scale=1.0), "f16")
     add("output_norm.weight", 1.0 + rnd(e, scale=0.1))
