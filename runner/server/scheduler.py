@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
 import runner as _runner
 from runner import config as _config
 from runner import store
+from runner import LoadOptions
 from runner.api import Chunk, ModelInfo, ModelNotFound, Options, PollamaError, Runner, ServerBusy
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class LoadedModel:
     name: str
     stored: store.StoredModel
     runner: Runner
-    load_key: tuple
+    load_key: LoadOptions
     keep_alive: float  # seconds; < 0 forever, 0 unload when idle
     refs: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -221,11 +222,9 @@ class Scheduler:
             entry = self._infos[key] = _InfoEntry(stamp, _runner.model_info(stored))
         return entry.info
 
-    def load_key(self, info: ModelInfo, options: Options) -> tuple:
+    def load_key(self, info: ModelInfo, options: Options) -> LoadOptions:
         """What a loaded runner must match: the load-time options after defaults and clamps."""
-        num_ctx, num_batch, num_thread = _runner.resolve_load_options(info, options, self.cfg)
-        use_mmap = True if options.use_mmap is None else options.use_mmap
-        return (num_ctx, num_batch, num_thread, use_mmap)
+        return _runner.resolve_load_options(info, options, self.cfg)
 
     def find(self, name: str) -> LoadedModel | None:
         """The loaded model ``name`` resolves to, if any (raises ModelNotFound for unknown names)."""
@@ -266,7 +265,7 @@ class Scheduler:
             self._loading_waiters -= 1
 
     async def _acquire_locked(self, name: str, stored: store.StoredModel, key: str, options: Options,
-                              want: tuple, keep: float) -> LoadedModel:
+                              want: LoadOptions, keep: float) -> LoadedModel:
         while True:
             if self.closing:
                 raise ShuttingDown("server is shutting down")
@@ -307,9 +306,9 @@ class Scheduler:
             self._arm(model)
 
     async def _load(self, name: str, stored: store.StoredModel, key: str, options: Options,
-                    want: tuple, keep: float) -> LoadedModel:
+                    want: LoadOptions, keep: float) -> LoadedModel:
         log.info("loading model %s (num_ctx=%d, num_batch=%d, num_thread=%d, parallel=%d)",
-                 stored.name, want[0], want[1], want[2], self.cfg.num_parallel)
+                 stored.name, want.num_ctx, want.num_batch, want.num_thread, want.num_parallel)
         loaded_runner = await in_thread(self._load_fn, name, options, self.cfg)
         model = LoadedModel(key=key, name=stored.name, stored=stored, runner=loaded_runner,
                             load_key=want, keep_alive=keep)

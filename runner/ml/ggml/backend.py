@@ -19,13 +19,13 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from runner.cpus import default_threads
 from runner.memory import available_memory
 from runner.ml.backend import BackendOptions, CacheConfig
 
@@ -576,15 +576,6 @@ def _repackable(w: GGMLTensor, buft: int, dev: int) -> bool:
 
 
 # --------------------------------------------------------------------------------------- backend
-def default_threads() -> int:
-    """Cores this process may run on (llama.cpp uses the physical cores; with SMT siblings we
-    cannot tell them apart portably, so take the affinity count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 class GGMLBackend:
     """The GGML CPU backend (implements ``runner.ml.backend.Backend``)."""
 
