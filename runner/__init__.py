@@ -33,6 +33,7 @@ from .api import (
 from .engine import BatchRunner
 from .enginespec import Engine
 from .loadplan import LoadOptions, checked_options, resolve_load_options
+from .pipeline import InlineDecoder, ThreadDecoder
 from .prompt import model_template
 
 __all__ = [
@@ -104,8 +105,9 @@ def load_resolved(info: ModelInfo, plan: LoadOptions, cfg: _config.Config, t0: i
         from .llamarunner.runner import LlamaEngine
 
         engine = LlamaEngine(info, plan)
+    decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
     runner = BatchRunner(engine, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel, num_batch=plan.num_batch,
-                         multi_user=plan.multi_user)
+                         multi_user=plan.multi_user, decoder=decoder)
     runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()

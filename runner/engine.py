@@ -8,6 +8,12 @@ sampled token goes to its sequence's :class:`runner.output.Output`. Requests bec
 :mod:`runner.sequence`; an ``embed`` call is one entry too (:class:`runner.embedding.EmbedJob`):
 token batches and its embedding batches take turns.
 
+Decodes run through the loop's :class:`runner.pipeline.Decoder`. While a batch still decodes
+(a compute thread), the loop builds and prepares the next one, with a placeholder for each token
+the running batch will sample; after sampling it fills them in, or drops that batch when one of
+its sequences ended meanwhile. A batch whose decode is done at once (inline) is followed by one
+built from the sampled tokens.
+
 Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
 to the waiting queue (under ``_lock``) and receive their sequence's output: from a queue they
 iterate (:meth:`BatchRunner.generate`, :meth:`BatchRunner.chat`), or pushed to a callback by the
@@ -20,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from . import embedding as _embedding
@@ -35,8 +42,9 @@ from .api import (
     Request,
 )
 from .embedding import EmbedJob
-from .enginespec import Engine
+from .enginespec import PLACEHOLDER, Engine
 from .inputcache import InputCache, ReprocessInputs
+from .pipeline import Decoder, InlineDecoder
 from .sequence import Prompter, Sequence
 from .text import token_logprobs
 
@@ -52,12 +60,32 @@ class _Push:
         self.put = deliver
 
 
+@dataclass(eq=False)
+class _Row:
+    """One sequence's part of a batch."""
+
+    index: int  # the sequence's entry in BatchRunner._seqs
+    seq: Sequence
+    tokens: list[int]  # PLACEHOLDER: sampled from the batch decoding before this one
+    pos: int  # position of the first token
+    samples: bool  # the last token is the prompt's last (or a generated one): sample after it
+    row: int = -1  # the engine batch's row of the last token
+
+
+@dataclass(eq=False)
+class _Batch:
+    rows: list[_Row]
+
+
 class BatchRunner:
     """A loaded model (an :class:`Engine`) plus its batch loop thread."""
 
     def __init__(self, engine: Engine, *, num_ctx: int, num_parallel: int, num_batch: int,
-                 multi_user: bool) -> None:
+                 multi_user: bool, decoder: Decoder | None = None) -> None:
+        """``decoder``: where decodes run (:mod:`runner.pipeline`; default on the loop thread)."""
         self.model_engine = engine
+        self.decoder: Decoder = decoder if decoder is not None else InlineDecoder()
+        self._ahead: _Batch | None = None  # the next batch, built while the last one decoded
         self.info: ModelInfo = engine.info
         self.n_vocab = engine.n_vocab
         self.num_ctx = num_ctx
@@ -159,6 +187,8 @@ class BatchRunner:
             _put(entry, err)
         self._waiting.clear()
         self._seqs = [None] * self.num_parallel
+        self._ahead = None
+        self.decoder.close()
         self.model_engine.close()
 
     # ------------------------------------------------------------------------ sequences
@@ -199,6 +229,7 @@ class BatchRunner:
                 self._process_batch()
             except Exception as err:  # a decode failure must not kill the loop or leak slots
                 log.exception("batch failed")
+                self._ahead = None  # its sequences fail below; their slots start over when claimed
                 failure = err if isinstance(err, PollamaError) else LoadError(f"model runner error: {err}")
                 for i, seq in enumerate(self._seqs):
                     if isinstance(seq, EmbedJob):
@@ -250,6 +281,8 @@ class BatchRunner:
                     self._end_embedding(i, entry, None)
                 else:
                     self._finish(i, entry, DoneReason.CONNECTION_CLOSED)
+        if self._ahead is not None and not self._live(self._ahead):
+            self._discard(self._ahead)
         # Token and embedding batches take turns: the first live entry in round-robin order
         # picks this batch's kind (an embedding batch is one job's).
         first = next((i for i in order if self._seqs[i] is not None), None)
@@ -257,27 +290,26 @@ class BatchRunner:
             return
         job = self._seqs[first]
         if isinstance(job, EmbedJob):
+            if self._ahead is not None:
+                self._discard(self._ahead)  # the embedding's decode places its own batch
             self._embedding_step(first, job)
             return
-        in_batch = self._build_batch(order)
-        if not in_batch:
+        batch = self._ahead if self._ahead is not None else self._build_batch(order)
+        self._ahead = None
+        if batch is None:
             return
-        engine = self.model_engine
-        engine.decode()
-        for i, seq in in_batch:
-            assert seq.slot is not None
-            seq.slot.inputs.extend(seq.pending_inputs)
-            seq.pending_inputs = []
-            if seq.inputs:
-                continue  # still evaluating the prompt
-            self._on_token(i, seq, engine.sample(seq.sampler, seq.row))
+        self.decoder.start(self.model_engine)
+        try:
+            ahead = self._build_ahead(order, batch) if self.decoder.running() else None
+        finally:
+            self.decoder.wait()  # one decode at a time, also when building ahead failed
+        self._after_decode(batch, ahead)
 
-    def _build_batch(self, order: list[int]) -> list[tuple[int, Sequence]]:
-        """Fill the engine's batch: the capacity is shared in round-robin ``order`` (who comes
-        first this time), the tokens are added in slot order (llama.cpp evaluates a run of
-        consecutive KV streams as one ubatch; our engine does not mind the order)."""
+    def _build_batch(self, order: list[int]) -> _Batch | None:
+        """The next batch, built while no batch decodes: the capacity is shared in round-robin
+        ``order`` (who comes first this time); a full slot is shifted first."""
         capacity = self.model_engine.batch_capacity
-        taken: list[tuple[int, Sequence, int]] = []
+        taken: list[_Row] = []
         total = 0
         for i in order:
             seq = self._seqs[i]
@@ -285,18 +317,113 @@ class BatchRunner:
                 continue
             count = self._plan(i, seq, min(self.num_batch, capacity - total))
             if count:
+                assert seq.slot is not None
                 total += count
-                taken.append((i, seq, count))
+                tokens, seq.inputs = seq.inputs[:count], seq.inputs[count:]
+                taken.append(_Row(i, seq, tokens, len(seq.slot.inputs), samples=not seq.inputs))
+        return self._engine_batch(taken)
+
+    def _build_ahead(self, order: list[int], running: _Batch) -> _Batch | None:
+        """The batch after ``running``, built while it decodes: a sequence that samples from
+        ``running`` gets a placeholder for that token. None when a slot would need a shift
+        (KV memory is not touched while a batch decodes): the next batch is built afterwards."""
+        capacity = self.model_engine.batch_capacity
+        before = {row.seq: row for row in running.rows}
+        taken: list[_Row] = []
+        total = 0
+        for i in order:
+            seq = self._seqs[i]
+            if not isinstance(seq, Sequence):
+                continue
+            assert seq.slot is not None
+            prev = before.get(seq)
+            pos = len(seq.slot.inputs) + (len(prev.tokens) if prev is not None else 0)
+            if not seq.inputs and (prev is None or not prev.samples):
+                continue
+            if pos >= self.num_ctx:
+                return self._undo(taken)
+            cap = min(self.num_batch, capacity - total)
+            if cap <= 0:
+                continue
+            if seq.inputs:
+                tokens = seq.inputs[: min(len(seq.inputs), self.num_ctx - pos, cap)]
+                seq.inputs = seq.inputs[len(tokens):]
+            else:
+                tokens = [PLACEHOLDER]
+            total += len(tokens)
+            taken.append(_Row(i, seq, tokens, pos, samples=not seq.inputs))
+        return self._engine_batch(taken)
+
+    def _undo(self, taken: list[_Row]) -> None:
+        """Give the rows' known tokens back to their sequences."""
+        for row in taken:
+            known = [t for t in row.tokens if t != PLACEHOLDER]
+            row.seq.inputs = known + row.seq.inputs
+        return None
+
+    def _engine_batch(self, taken: list[_Row]) -> _Batch | None:
+        """Add the rows to a new engine batch in slot order (llama.cpp evaluates a run of
+        consecutive KV streams as one ubatch; our engine does not mind) and prepare it."""
+        if not taken:
+            return None
         engine = self.model_engine
         engine.batch_begin()
-        in_batch = []
-        for i, seq, count in sorted(taken, key=lambda t: t[1].slot.id):
+        taken.sort(key=lambda r: r.seq.slot.id if r.seq.slot is not None else 0)
+        for row in taken:
+            assert row.seq.slot is not None
+            row.row = engine.batch_add(row.tokens, row.pos, row.seq.slot.id)
+        try:
+            engine.prepare()
+        except BaseException:
+            self._undo(taken)
+            raise
+        return _Batch(taken)
+
+    def _after_decode(self, batch: _Batch, ahead: _Batch | None) -> None:
+        """Record what ``batch`` put in the cache, sample its sequences, and hand each sampled
+        token to the batch built ahead (its placeholder) or to the sequence's next inputs."""
+        engine = self.model_engine
+        waiting = {row.seq: row for row in ahead.rows if row.tokens == [PLACEHOLDER]} if ahead else {}
+        for row in batch.rows:
+            seq = row.seq
+            if self._seqs[row.index] is not seq:
+                continue  # ended meanwhile: its results are discarded
             assert seq.slot is not None
-            tokens, seq.inputs = seq.inputs[:count], seq.inputs[count:]
-            seq.row = engine.batch_add(tokens, len(seq.slot.inputs), seq.slot.id)
-            seq.pending_inputs = tokens
-            in_batch.append((i, seq))
-        return in_batch
+            seq.slot.inputs.extend(row.tokens)
+            if not row.samples:
+                continue  # still evaluating the prompt
+            token = engine.sample(seq.sampler, row.row)
+            if not self._on_token(row.index, seq, token, row.row):
+                continue
+            slot_row = waiting.pop(seq, None)
+            if slot_row is not None:
+                engine.fill(slot_row.row, token)
+                slot_row.tokens = [token]
+            else:
+                seq.inputs = [token]  # decoded by the next batch, which puts it in the KV cache
+        if ahead is None:
+            return
+        if waiting or not self._live(ahead):
+            self._discard(ahead)
+        else:
+            self._ahead = ahead
+
+    def _live(self, batch: _Batch) -> bool:
+        return all(self._seqs[row.index] is row.seq for row in batch.rows)
+
+    def _discard(self, batch: _Batch) -> None:
+        """Drop a prepared batch that will not be decoded: its cells leave the KV cache and
+        its known tokens go back to their sequences."""
+        if batch is self._ahead:
+            self._ahead = None
+        self._undo([row for row in batch.rows if self._seqs[row.index] is row.seq])
+        for row in batch.rows:
+            slot = row.seq.slot
+            assert slot is not None
+            if not self.cache.kv.seq_rm(slot.id, row.pos, None):  # no partial erasure: start over
+                self.cache.kv.seq_rm(slot.id, 0, None)
+                row.seq.inputs = slot.inputs + row.seq.inputs
+                slot.inputs = []
 
     def _plan(self, i: int, seq: Sequence, cap: int) -> int:
         """How many of ``seq``'s inputs the next batch takes (at most ``cap``), after shifting
@@ -316,21 +443,23 @@ class BatchRunner:
         return 0
 
     # ---------------------------------------------------------------- per-token handling
-    def _on_token(self, i: int, seq: Sequence, token: int) -> None:
+    def _on_token(self, i: int, seq: Sequence, token: int, row: int) -> bool:
+        """Hand ``token`` (sampled from batch row ``row``) to the sequence's output; False when
+        that ended the sequence."""
         engine, out = self.model_engine, seq.output
         eog = engine.is_eog(token)
         logprob = None
         if out.wants_logprobs and not eog:
-            logprob = token_logprobs(engine.logits(seq.row), token, out.top_logprobs or 0, engine.piece)
+            logprob = token_logprobs(engine.logits(row), token, out.top_logprobs or 0, engine.piece)
         verdict = out.token(token, b"" if eog else engine.piece(token), eog, logprob)
         if verdict.done is None:
-            seq.inputs = [token]  # decoded by the next batch, which puts it in the KV cache
-            return
+            return True
         if verdict.drop:
             assert seq.slot is not None
             del seq.slot.inputs[max(len(seq.slot.inputs) - verdict.drop, 0):]
         seq.inputs = []
         self._finish(i, seq, verdict.done)
+        return False
 
     def _finish(self, i: int, seq: Sequence, reason: DoneReason) -> None:
         final = seq.output.final(reason, seq.prompt)
@@ -343,7 +472,6 @@ class BatchRunner:
             self.model_engine.free_sampler(seq.sampler)
             seq.sampler = None
         if seq.slot is not None:
-            seq.pending_inputs = []  # never decoded: the cache ends before them
             self.cache.release(seq.slot)
         self._seqs[i] = None
 

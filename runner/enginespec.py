@@ -6,17 +6,22 @@ code over GGML). The loop *holds* an engine; it never subclasses one and never a
 holds. Everything an engine differs in is a method here or a value it exposes.
 
 Threading: every method except the vocabulary ones (``tokenize``, ``piece``, ``is_eog``,
-``add_bos``, ``special_tokens``) is called only from the loop thread. The vocabulary methods may
-be called from any thread (request preparation runs on the caller's thread).
+``add_bos``, ``special_tokens``) and :meth:`Engine.decode` is called only from the loop thread.
+The vocabulary methods may be called from any thread (request preparation runs on the caller's
+thread); ``decode`` may run on the pipeline's compute thread while the loop thread builds and
+prepares the next batch.
 
-A batch's life: :meth:`Engine.batch_begin`, then :meth:`Engine.batch_add` once per sequence
-(each call's last token produces logits), then :meth:`Engine.decode`; afterwards
-:meth:`Engine.logits` and :meth:`Engine.sample` read the rows :meth:`Engine.batch_add`
-returned, until the next :meth:`Engine.batch_begin`.
+A batch's life: :meth:`Engine.batch_begin`, :meth:`Engine.batch_add` once per sequence (each
+call's last token produces logits; a token not sampled yet is :data:`PLACEHOLDER`),
+:meth:`Engine.prepare`, :meth:`Engine.fill` for each placeholder, :meth:`Engine.decode`;
+afterwards :meth:`Engine.logits` and :meth:`Engine.sample` read the rows of that decode. At most
+two batches are alive: one decoding, and the next one being built and prepared meanwhile
+(:mod:`runner.pipeline`), which the loop fills and decodes once the first is done.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,6 +29,10 @@ import numpy as np
 from .api import Grammar, ModelInfo, Options
 from .embedding import EmbedLanes
 from .inputcache import KvOps
+
+#: a batch input whose token id is filled in later (:meth:`Engine.fill`): the token the
+#: sequence samples from the batch decoding meanwhile
+PLACEHOLDER = -1
 
 
 class Engine(Protocol):
@@ -63,20 +72,33 @@ class Engine(Protocol):
 
     # ---------------------------------------------------------------------------- batch
     def batch_begin(self) -> None:
-        """Start a new, empty batch (the previous batch's logits become invalid)."""
+        """Start building a new, empty batch (the one decoding, if any, is not touched)."""
 
     def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
         """Append ``tokens`` at positions ``pos..pos+len-1`` of KV sequence ``seq_id`` (a slot
-        id); the last token produces logits. Returns the batch row of the *last* token: the row
-        :meth:`logits` and :meth:`sample` read after :meth:`decode`."""
+        id); the last token produces logits. A token may be :data:`PLACEHOLDER` (filled in by
+        :meth:`fill` before the decode). Returns the batch row of the *last* token: the row
+        :meth:`fill`, :meth:`logits` and :meth:`sample` take."""
 
-    def decode(self) -> None:
-        """Evaluate the batch: its tokens enter the KV cache and the marked rows get logits.
-        Raises PollamaError (LoadError) on failure; the loop then fails the batch's sequences."""
+    def prepare(self) -> None:
+        """Make the batch being built ready to decode but for its placeholders (our engine:
+        places it in the KV cache and builds its graph). May run while the previous batch
+        decodes, once that decode has set its ``started`` event. Rows of a prepared batch that
+        is never decoded are undone by the caller with ``kv.seq_rm`` from their positions."""
+
+    def fill(self, row: int, token: int) -> None:
+        """Set the token id of placeholder ``row`` of the prepared batch."""
+
+    def decode(self, started: threading.Event | None = None) -> None:
+        """Evaluate the prepared batch: its tokens enter the KV cache and the marked rows get
+        logits. ``started`` is set once the batch's inputs are handed to the backend, so the
+        next batch may be prepared meanwhile. May run on a thread other than the loop's (one
+        decode at a time). Raises PollamaError (LoadError) on failure; the loop then fails the
+        batch's sequences."""
 
     def logits(self, row: int) -> np.ndarray:
         """Float32 ``(n_vocab,)``: the logits of ``row`` of the last decode. A view, valid until
-        the next :meth:`batch_begin`; copy it to keep it."""
+        the next :meth:`decode`; copy it to keep it."""
 
     # ------------------------------------------------------------------------- sampling
     def new_sampler(self, options: Options, grammar: Grammar | None, prompt: list[int]) -> Any:

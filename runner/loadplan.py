@@ -71,6 +71,7 @@ class LoadOptions:
     flash_attention: bool
     use_mmap: bool
     multi_user: bool  # OLLAMA_MULTIUSER_CACHE: slots shared by several users
+    pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
 
 
 def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config,
@@ -96,6 +97,7 @@ def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config,
         flash_attention=bool(cfg.flash_attention),
         use_mmap=True if options.use_mmap is None else options.use_mmap,
         multi_user=cfg.multiuser_cache,
+        pipeline=cfg.pipeline,
     )
 
 

@@ -41,9 +41,7 @@ class Sequence:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the loop
     slot: Slot | None = None
-    inputs: list[int] = field(default_factory=list)  # still to evaluate
-    pending_inputs: list[int] = field(default_factory=list)  # in the batch being decoded
-    row: int = -1  # batch row of the last input in the current batch (its logits)
+    inputs: list[int] = field(default_factory=list)  # still to evaluate (not in any batch yet)
     sampler: Any = None
 
     def is_cancelled(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import random
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -184,7 +185,10 @@ class LlamaEngine:
                 f"cannot create a context of {num_ctx}×{num_parallel} tokens for {info.name}: "
                 f"{_load_failure_reason(captured.lines)}"
             )
-        self._batch = _Batch(num_batch * num_parallel)
+        self._batches = (_Batch(num_batch * num_parallel), _Batch(num_batch * num_parallel))
+        self._flip = 0
+        self._batch = self._batches[0]  # the batch being built
+        self._prepared: _Batch | None = None  # the batch the next decode evaluates
         self.kv = LlamaKv(self._ctx, self._model)
         self._pieces: dict[int, bytes] = {}
         self._n_embd = L.llama_model_n_embd(self._model)
@@ -231,14 +235,28 @@ class LlamaEngine:
 
     # ----------------------------------------------------------------------------- batch
     def batch_begin(self) -> None:
+        # two llama_batch buffers in turn: the one decoding is not touched while the next fills
+        self._flip ^= 1
+        self._batch = self._batches[self._flip]
         self._batch.n = 0
 
     def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
         return self._batch.add(tokens, pos, seq_id, False) + len(tokens) - 1
 
-    def decode(self) -> None:
-        self._batch.struct.n_tokens = self._batch.n
-        rc = L.llama_decode(self._ctx, self._batch.struct)
+    def prepare(self) -> None:
+        self._prepared = self._batch  # llama.cpp places the batch when it decodes it
+
+    def fill(self, row: int, token: int) -> None:
+        assert self._prepared is not None
+        self._prepared.token[row] = token
+
+    def decode(self, started: threading.Event | None = None) -> None:
+        assert self._prepared is not None
+        batch, self._prepared = self._prepared, None
+        batch.struct.n_tokens = batch.n
+        if started is not None:
+            started.set()
+        rc = L.llama_decode(self._ctx, batch.struct)
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
 

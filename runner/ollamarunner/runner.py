@@ -9,6 +9,7 @@ penalties Ollama's new engine skipped.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..loadplan import LoadOptions
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
+from ..model.model import Prepared
 from ..model.models import Batch, ModelLoadError, supported_architectures
 from ..model.models import load as load_model
 from ..sample import Sampler, SamplerOptions
@@ -143,6 +145,7 @@ class GGMLEngine:
         self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
         self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+        self._prepared: tuple[Prepared, np.ndarray, dict[int, int]] | None = None
         self._lanes = _Lanes(self.model, self.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
         self._rows: dict[int, int] = {}
         self._out: np.ndarray | None = None
@@ -181,14 +184,28 @@ class GGMLEngine:
         outputs.append(first + len(tokens) - 1)
         return first + len(tokens) - 1
 
-    def decode(self) -> None:
+    def prepare(self) -> None:
         toks, positions, seqs, outputs = self._batch
         try:
-            out = self.model.compute(Batch(toks, positions, seqs, outputs))
+            prepared = self.model.prepare(Batch(toks, positions, seqs, outputs))
+        except Exception as err:
+            raise LoadError(f"forward pass failed: {err}") from err
+        rows = {index: row for row, index in enumerate(outputs)}
+        self._prepared = (prepared, np.asarray(toks, dtype=np.int32), rows)
+
+    def fill(self, row: int, token: int) -> None:
+        assert self._prepared is not None
+        self._prepared[1][row] = token
+
+    def decode(self, started: threading.Event | None = None) -> None:
+        assert self._prepared is not None
+        (prepared, tokens, rows), self._prepared = self._prepared, None
+        try:
+            out = self.model.execute(prepared, tokens, started)
         except Exception as err:
             raise LoadError(f"forward pass failed: {err}") from err
         self._out = out
-        self._rows = {index: row for row, index in enumerate(outputs)}
+        self._rows = rows
 
     def logits(self, row: int) -> np.ndarray:
         assert self._out is not None
