@@ -228,7 +228,7 @@ def test_forced_grammar_compiles_for_each_syntax():
             for choice in (ToolChoice("required"), ToolChoice("function", "noargs"), ToolChoice()):
                 for parallel in (None, True):
                     grammar = tool_call_grammar(syntax, tools, choice, parallel)
-                    assert (grammar.trigger is None) == choice.forced
+                    assert (grammar.trigger is None and grammar.tag is None) == choice.forced
                     sampler = init_sampler(vocab.vocab, grammar)
                     assert sampler, grammar.gbnf
                     L.llama_sampler_free(sampler)
