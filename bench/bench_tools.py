@@ -4,7 +4,7 @@ pollama's grammar. SmolLM2's own template has no tools, so it is given Qwen2.5's
 for one of five tools, greedy decoding; three ways to run each:
 
 - parse only (Ollama's way): tools in the prompt, the reply parsed, nothing constrained;
-- auto (pollama's default): the same, but a call the model starts at the top of its answer is
+- auto (pollama's default): the same, but a call the model starts, anywhere in its answer, is
   constrained from its tag on (lazy grammar);
 - required: the whole answer constrained to a call of one of the tools (``tool_choice``).
 
