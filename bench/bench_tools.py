@@ -4,7 +4,7 @@ pollama's grammar. SmolLM2's own template has no tools, so it is given Qwen2.5's
 for one of five tools, greedy decoding; three ways to run each:
 
 - parse only (Ollama's way): tools in the prompt, the reply parsed, nothing constrained;
-- auto (pollama's default): the same, but a call the model starts at the top of its answer is
+- auto (pollama's default): the same, but a call the model starts, anywhere in its answer, is
   constrained from its tag on (lazy grammar);
 - required: the whole answer constrained to a call of one of the tools (``tool_choice``).
 
@@ -13,7 +13,11 @@ tool's required keys with the schema's types; a reply with no ``<tool_call>`` ta
 answer; anything else is a broken call (malformed, or cut off by ``--num-predict``). Prints a
 Markdown table; each reply's start goes to stderr.
 
-    python bench/bench_tools.py [--engine old|new] [--prompts 50]
+With ``--shots`` each conversation starts with two earlier exchanges in which the assistant
+says a sentence, then calls a tool (weather, then add) and answers from the result: SmolLM2 then
+writes text before its calls, which is where the lazy grammar of *auto* has to start mid-answer.
+
+    python bench/bench_tools.py [--engine old|new] [--prompts 50] [--shots]
 """
 
 from __future__ import annotations
@@ -69,6 +73,19 @@ PROMPTS = (
                                                 (900, "SEK", "NOK")]]
 )
 
+SHOTS = [
+    Message("user", "What is the weather in Rome?"),
+    Message("assistant", 'Sure, let me check the weather in Rome.\n<tool_call>\n{"name": "get_weather", '
+                         '"arguments": {"city": "Rome"}}\n</tool_call>'),
+    Message("tool", "20 degrees", tool_name="get_weather"),
+    Message("assistant", "It is 20 degrees in Rome."),
+    Message("user", "What is 2 plus 2?"),
+    Message("assistant", 'Sure, let me add them.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}'
+                         "\n</tool_call>"),
+    Message("tool", "4", tool_name="add"),
+    Message("assistant", "2 plus 2 is 4."),
+]
+
 _TYPES = {"string": str, "number": (int, float), "integer": int, "boolean": bool}
 
 
@@ -91,6 +108,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=["old", "new"], default="old")
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
     ap.add_argument("--num-predict", type=int, default=60)
+    ap.add_argument("--shots", action="store_true", help="start each chat with two exchanges that call tools")
     ap.add_argument("--threads", type=int, default=1,
                     help="GGML threads (1: an oversubscribed machine slows two threads down far more)")
     args = ap.parse_args()
@@ -100,7 +118,8 @@ def main() -> None:
     modes = [("parse only (Ollama)", ToolChoice(), False), ("auto, lazy grammar", ToolChoice(), True),
              ("required, grammar", ToolChoice("required"), True)]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model {Path(r.info.path).name}, "
-          f"{args.engine} engine; Qwen2.5 tool template; {args.prompts} prompts, greedy, "
+          f"{args.engine} engine; Qwen2.5 tool template; {args.prompts} prompts"
+          f"{' after two tool-calling exchanges' if args.shots else ''}, greedy, "
           f"num_predict {args.num_predict}; load average {os.getloadavg()[0]:.2f}\n")
     print("| mode | well-formed calls | text answers | broken calls | tokens/reply |")
     print("|---|---:|---:|---:|---:|")
@@ -108,7 +127,8 @@ def main() -> None:
         for label, choice, grammar in modes:
             good = text_only = broken = tokens = 0
             for prompt in PROMPTS[: args.prompts]:
-                req = Request(messages=[Message("user", prompt)], template=template, tools=TOOLS, tool_choice=choice,
+                history = SHOTS if args.shots else []
+                req = Request(messages=[*history, Message("user", prompt)], template=template, tools=TOOLS, tool_choice=choice,
                               tool_grammar=grammar, options=Options(temperature=0, num_predict=args.num_predict))
                 calls, texts = [], []
                 for chunk in r.chat(req):

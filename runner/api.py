@@ -237,10 +237,14 @@ class Message:
 class Grammar:
     """A GBNF grammar the sampled tokens must follow (rule ``root``). With a ``trigger`` (a
     regular expression over the output so far, llama.cpp's lazy grammar) it only starts to
-    constrain once the output matches the trigger, from the trigger's first group onwards."""
+    constrain once the output matches the trigger, from the trigger's first group onwards. With
+    a ``tag`` it starts where that text first appears in the output, from the tag on
+    (:mod:`runner.sample.lazygrammar`); the grammar must accept the tag followed by up to two
+    spaces or newlines."""
 
     gbnf: str
     trigger: str | None = None
+    tag: str | None = None
 
 
 @dataclass(frozen=True)

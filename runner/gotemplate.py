@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .api import InvalidRequest
 from .sandbox import RenderBudget, run_bounded
 
-__all__ = ["NO_VALUE", "Struct", "Template", "TemplateError", "parse", "render"]
+__all__ = ["NO_VALUE", "JSONList", "JSONMap", "Struct", "Template", "TemplateError", "parse", "render"]
 
 MAX_DEPTH = 100  # nesting of blocks and parentheses a template may have (Python's stack is the limit)
 
@@ -58,12 +58,32 @@ class _NoValue:
 NO_VALUE = _NoValue()
 
 
+_FIELDS = object()  # Struct.json's default: encoding/json writes the fields by name
+
+
 @dataclass(frozen=True)
 class Struct:
-    """A Go struct value: named fields in order. ``.Name`` of a field it lacks is an error."""
+    """A Go struct value: named fields in order. ``.Name`` of a field it lacks is an error.
+
+    ``json`` is what ``encoding/json`` writes for it when its fields have json tags (another
+    Struct whose field names are the tags, dicts for maps); by default its fields by name.
+    ``stringer``: the type has a ``String()`` method that returns that JSON, so printing it
+    (``{{ . }}``) writes the JSON, not Go's ``{a b}`` (Ollama's tool types)."""
 
     type_name: str
     fields: Mapping[str, Any]
+    json: Any = _FIELDS
+    stringer: bool = False
+
+
+class JSONMap(dict):
+    """A Go map whose type has a ``String()`` method returning its JSON (Ollama's
+    ``templateArgs`` and ``templateProperties``): printed as JSON, otherwise a map."""
+
+
+class JSONList(list):
+    """A Go slice whose type has a ``String()`` method returning its JSON (Ollama's
+    ``templateTools``): printed as JSON, otherwise a slice."""
 
 
 # ------------------------------------------------------------------------------------ the tree
@@ -729,6 +749,8 @@ def to_text(value: Any, top: bool = True) -> str:
         return str(value)
     if isinstance(value, float):
         return _go_float(value)
+    if isinstance(value, (JSONMap, JSONList)) or (isinstance(value, Struct) and value.stringer):
+        return _go_json(value)
     if isinstance(value, (list, tuple)):
         return "[" + " ".join(to_text(v, False) for v in value) + "]"
     if isinstance(value, dict):
@@ -761,7 +783,8 @@ def _type_name(value: Any) -> str:
     if isinstance(value, Struct):
         return value.type_name
     return {bool: "bool", int: "int", float: "float64", str: "string", list: "[]interface {}",
-            tuple: "[]interface {}", dict: "map[string]interface {}"}.get(type(value), type(value).__name__)
+            tuple: "[]interface {}", dict: "map[string]interface {}",
+            JSONMap: "map[string]interface {}", JSONList: "[]interface {}"}.get(type(value), type(value).__name__)
 
 
 # ------------------------------------------------------------------------------- the functions
@@ -1016,6 +1039,8 @@ def _jsonable(value: Any) -> Any:
     if value is NO_VALUE:
         return None
     if isinstance(value, Struct):
+        if value.json is not _FIELDS:
+            return _jsonable(value.json)
         return {k: _jsonable(v) for k, v in value.fields.items()}
     if isinstance(value, dict):
         return {str(k): _jsonable(value[k]) for k in _sorted_keys(value)}

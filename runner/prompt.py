@@ -7,8 +7,7 @@ Which template (:func:`select`), first match wins:
    Jinja when it has Jinja's tags or does not parse as Go (pollama took Jinja first);
 2. the store model's ``TEMPLATE`` layer, a Go template: one a user set in a Modelfile, or the one
    a model pulled from Ollama's registry carries, curated for that model and what Ollama itself
-   renders (Ollama prefers it over the GGUF's Jinja unless the Jinja has more capabilities, such
-   as tools, which pollama does not render yet);
+   renders (Ollama prefers it over the GGUF's Jinja unless the Jinja has more capabilities);
 3. the GGUF's ``tokenizer.chat_template`` (Jinja), rendered in :mod:`runner.sandbox`;
 4. llama.cpp's built-in template for the GGUF's architecture (:mod:`runner.chattemplates`:
    gemma for gemma3, chatml for qwen2…), for chat models whose GGUF carries no template;
@@ -168,7 +167,7 @@ def render(
         return chattemplates.apply(template.source, messages)
     budget = budget or RenderBudget(limits, cancel)
     if template.kind == "go":
-        return ollamatemplate.render(template.source, messages, budget)
+        return ollamatemplate.render(template.source, messages, budget, tools=tools, think=think)
     text = render_template(template.source, messages, bos_token=bos_token, eos_token=eos_token, tools=tools,
                            think=think, add_generation_prompt=add_generation_prompt, budget=budget)
     if tokenizer_adds_bos and bos_token and text.startswith(bos_token):

@@ -1,5 +1,5 @@
-"""What a chat template supports, found by rendering probes through it: tool calls (and their
-syntax), reasoning (and its tags), insert (a Go template's ``.Suffix``). From these come a model's
+"""What a chat template supports, found by rendering probes through it, Jinja or Go alike: tool
+calls (and their syntax), reasoning (and its tags), insert (a Go template's ``.Suffix``). From these come a model's
 ``capabilities`` (Ollama's ``/api/show`` list) and which requests it refuses.
 
 The probes render in the sandbox like any prompt, all of a template's probes within one render
@@ -32,13 +32,13 @@ class TemplateFeatures:
 @functools.lru_cache(maxsize=64)
 def features(template: ChatTemplate) -> TemplateFeatures:
     """The features of ``template`` (cached: the probes cost a few renders)."""
+    insert = False
     if template.kind == "go":
         try:
-            names = ollamatemplate.parse(template.source).identifiers()
+            insert = "suffix" in ollamatemplate.parse(template.source).identifiers()
         except PollamaError:
             return TemplateFeatures()
-        return TemplateFeatures(insert="suffix" in names)
-    if template.kind != "jinja":
+    elif template.kind != "jinja":
         return TemplateFeatures()
 
     budget = prompt.RenderBudget()
@@ -58,7 +58,7 @@ def features(template: ChatTemplate) -> TemplateFeatures:
         tags = thinking.derive(render_think, template.source)
     except PollamaError as err:
         log.debug("thinking probe failed: %s", err)
-    return TemplateFeatures(tools=tools, thinking=tags)
+    return TemplateFeatures(tools=tools, thinking=tags, insert=insert)
 
 
 def capabilities(info: ModelInfo, template: ChatTemplate | None = None) -> list[str]:

@@ -80,7 +80,10 @@ def derive(render: Render) -> ToolSyntax | None:
         return None  # the tools are not shown to the model
     with_call = render([user, Message("assistant", "", tool_calls=[_probe_call()])], [PROBE_TOOL], False)
     plain = render([user, Message("assistant", PROBE_TEXT)], [PROBE_TOOL], False)
-    start = _common_prefix(base, with_call)
+    # the call starts where it differs from both the generation prompt and a text answer (a Go
+    # template such as Llama 3.1's writes the last user turn differently, so only the text
+    # answer shares all the turn's opening with the call)
+    start = max(_common_prefix(base, with_call), _common_prefix(plain, with_call))
     at = with_call.find(PROBE_NAME, start)
     if at < 0:
         return None

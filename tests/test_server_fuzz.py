@@ -19,7 +19,8 @@ from serverproc import ServerProcess
 from test_store_safety import canary_tree, snapshot_outside
 
 STORIES_PATH = str(STORIES)
-GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions", "/v1/messages"}
+GENERATING = {"/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions", "/v1/messages",
+              "/v1/responses"}
 REGISTRY = LocalRegistry()  # pulls go here (404 for what it lacks), never to the internet
 
 
@@ -76,6 +77,8 @@ def tame(path: str, body: object) -> None:
     if path in ("/v1/chat/completions", "/v1/completions", "/v1/messages"):
         body["max_tokens"] = 8
         body.pop("max_completion_tokens", None)
+    if path == "/v1/responses":
+        body["max_output_tokens"] = 8
 
 
 @pytest.mark.parametrize("operation, mode", _cases())

@@ -1,6 +1,7 @@
 """Tools and thinking end to end: a real ``pollama serve`` with SmolLM2 given real tool and
-reasoning templates (a GGUF copy whose ``tokenizer.chat_template`` is Qwen2.5's, and store
-models whose TEMPLATE layer is Qwen3's or DeepSeek-R1's Jinja), through the official clients."""
+reasoning templates (a GGUF copy whose ``tokenizer.chat_template`` is Qwen2.5's, store models
+whose TEMPLATE layer is Qwen3's or DeepSeek-R1's Jinja, and one whose TEMPLATE is the Go template
+Ollama's library ships for qwen2.5), through the official clients."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ def server(tmp_path_factory):
     plain = _gguf_blob(models, shutil.copy(SMOLLM2, tmp_path_factory.mktemp("g2") / "smol.gguf"))
     _install(models, "smolqwen3", plain, (TEMPLATES / "qwen3.jinja").read_text())
     _install(models, "smolr1", plain, (TEMPLATES / "deepseek-r1-distill-qwen.jinja").read_text())
+    _install(models, "smolgo", plain, (TEMPLATES / "ollama-qwen2.5.gotmpl").read_text())  # Ollama's Go TEMPLATE
     proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048"}, models_dir=str(models)).start()
     yield proc
     assert proc.stop() == 0, proc.last_log
@@ -75,6 +77,31 @@ def test_capabilities(server):
     assert caps("smoltools") == ["completion", "tools"]
     assert caps("smolqwen3") == ["completion", "tools", "thinking"]
     assert caps("smolr1") == ["completion", "thinking"]
+    assert caps("smolgo") == ["completion", "tools"]
+
+
+@pytest.mark.slow
+def test_go_template_tool_calls(server):
+    """Ollama's Go TEMPLATE shows the tools to the model and writes its calls back, and the call
+    syntax derived from it parses (and, forced, constrains) what the model writes."""
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    for prompt in PROMPTS[:3]:
+        r = httpx.post(server.url + "/api/chat", timeout=120, json={
+            "model": "smolgo", "messages": [{"role": "user", "content": prompt}], "tools": TOOLS, "stream": False,
+            "tool_choice": "required", "options": {"temperature": 0, "num_predict": 60}})
+        calls = r.json()["message"].get("tool_calls") or []
+        assert len(calls) == 1 and calls[0]["function"]["name"] in ("get_weather", "add"), r.json()
+        required = {"get_weather": {"city"}, "add": {"a", "b"}}[calls[0]["function"]["name"]]
+        assert set(calls[0]["function"]["arguments"]) == required
+    # the call and its result go back through the Go template; the model answers in text
+    messages = [{"role": "user", "content": PROMPTS[0]},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": calls[0]["function"]}]},
+                {"role": "tool", "content": "18 degrees and sunny", "tool_name": calls[0]["function"]["name"]}]
+    answer = client.chat(model="smolgo", messages=messages, tools=TOOLS, options={"temperature": 0, "num_predict": 20})
+    assert answer.message.content and not answer.message.tool_calls
+    assert answer.prompt_eval_count > 150  # the tools' descriptions and the call are in the prompt
 
 
 def test_refusals_have_ollamas_messages(server):

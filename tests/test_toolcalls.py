@@ -36,6 +36,66 @@ def test_syntax_is_derived_from_the_template(name, expected):
     assert features(template(name)).tools == expected
 
 
+def go_template(name: str) -> ChatTemplate:
+    """A Go TEMPLATE from Ollama's library (the text ``ollama show --template`` prints)."""
+    return ChatTemplate("go", (TEMPLATES / f"{name}.gotmpl").read_text(), "test")
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ollama-qwen2.5", QWEN),
+    ("ollama-llama3.1", LLAMA),  # its last user turn lists the tools: only a text answer shares the turn's start
+])
+def test_syntax_is_derived_from_ollamas_go_templates(name, expected):
+    assert features(go_template(name)).tools == expected
+
+
+WEATHER = Tool("get_weather", "Weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string", "description": "The city"},
+                                     "unit": {"type": ["string", "null"], "enum": ["C", "F"]}},
+    "required": ["city"]})
+CALLED = [Message("user", "Weather in Paris?"),
+          Message("assistant", "", tool_calls=[ToolCall("get_weather", {"city": "Paris", "unit": "C"}, id="call_1")]),
+          Message("tool", "18 degrees", tool_name="get_weather", tool_call_id="call_1")]
+# Ollama's JSON for WEATHER: its template types' fields in order, the properties map by key
+WEATHER_JSON = ('{"name":"get_weather","description":"Weather in a city","parameters":{"type":"object",'
+                '"required":["city"],"properties":{"city":{"type":"string","description":"The city"},'
+                '"unit":{"type":["string","null"],"enum":["C","F"]}}}}')
+
+
+def test_ollamas_go_templates_render_tools_and_calls():
+    qwen = prompt.render(go_template("ollama-qwen2.5"), CALLED, tools=[WEATHER])
+    assert '<tools>\n{"type": "function", "function": ' + WEATHER_JSON + "}\n</tools>" in qwen
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","unit":"C"}}'
+            '\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n18 degrees\n</tool_response><|im_end|>\n'
+            '<|im_start|>assistant\n') in qwen
+    # without tools, the system turn is not written at all
+    assert not prompt.render(go_template("ollama-qwen2.5"), CALLED[:1]).startswith("<|im_start|>system")
+    llama = prompt.render(go_template("ollama-llama3.1"), [Message("user", "Weather in Paris?")], tools=[WEATHER])
+    # {{ range $.Tools }}{{- . }}: a tool prints as its JSON
+    assert '{"type":"function","function":' + WEATHER_JSON + "}\n\nQuestion: Weather in Paris?<|eot_id|>" in llama
+    llama = prompt.render(go_template("ollama-llama3.1"), CALLED, tools=[WEATHER])
+    assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": '
+            '{"city":"Paris","unit":"C"}}<|eot_id|><|start_header_id|>ipython<|end_header_id|>\n\n18 degrees') in llama
+    # phi4-mini's writes the whole list: {{ .Tools }} prints as a JSON array
+    phi = prompt.render(go_template("ollama-phi4-mini"), CALLED[:1], tools=[WEATHER, WEATHER])
+    assert "<|tool|>[" + ",".join(['{"type":"function","function":' + WEATHER_JSON + "}"] * 2) + "]<|/tool|>" in phi
+
+
+def test_go_template_fields_of_tools_and_calls():
+    source = ("{{- range .Messages }}{{ range .ToolCalls }}{{ .ID }} {{ .Function.Index }} {{ .Function.Name }}"
+              "{{ range $k, $v := .Function.Arguments }} {{ $k }}={{ $v }}{{ end }};{{ end }}{{ end }}"
+              "{{- range .Tools }}|{{ .Type }} {{ .Function.Name }}: {{ .Function.Description }}"
+              " {{ .Function.Parameters.Type }} {{ .Function.Parameters.Required }}"
+              "{{ range $name, $p := .Function.Parameters.Properties }} {{ $name }}:{{ $p.Type }}{{ end }}"
+              " {{ json .Function.Parameters.Properties.city }}{{ end }}")
+    out = prompt.render(ChatTemplate("go", source, "test"), CALLED, tools=[WEATHER])
+    assert out == ('call_1 0 get_weather city=Paris unit=C;|function get_weather: Weather in a city object [city]'
+                   ' city:string unit:[string null] {"type":"string","description":"The city"}')
+    # no tools: .Tools is nil, and so is a message's .ToolCalls
+    source = "{{ if .Tools }}tools{{ end }}{{ range .Messages }}{{ if .ToolCalls }}calls{{ end }}{{ .Role }}{{ end }}"
+    assert prompt.render(ChatTemplate("go", source, "test"), CALLED[:1]) == "user"
+
+
 def test_smollm2_template_has_no_tools():
     from runner.store import default_model_path
     from runner.ggufmeta import read_gguf_header
@@ -168,7 +228,7 @@ def test_forced_grammar_compiles_for_each_syntax():
             for choice in (ToolChoice("required"), ToolChoice("function", "noargs"), ToolChoice()):
                 for parallel in (None, True):
                     grammar = tool_call_grammar(syntax, tools, choice, parallel)
-                    assert (grammar.trigger is None) == choice.forced
+                    assert (grammar.trigger is None and grammar.tag is None) == choice.forced
                     sampler = init_sampler(vocab.vocab, grammar)
                     assert sampler, grammar.gbnf
                     L.llama_sampler_free(sampler)

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..api import Grammar, InvalidRequest
+from .lazygrammar import LazyTagSampler
 
 
 def format_to_gbnf(fmt: str | dict) -> str:
@@ -40,9 +41,17 @@ def format_grammar(fmt: str | dict | None) -> Grammar | None:
 
 def init_sampler(vocab, grammar: Grammar):
     """A llama.cpp grammar sampler for ``grammar`` over ``vocab`` (a ``llama_vocab`` pointer):
-    lazy, from its trigger's first group, when it has a trigger. NULL when it does not compile."""
+    lazy, from its trigger's first group, when it has a trigger; from its tag, wherever it comes,
+    when it has a tag (:class:`~runner.sample.lazygrammar.LazyTagSampler`). NULL when it does not
+    compile."""
     import llama_cpp as L
 
+    if grammar.tag is not None:
+        compiled = L.llama_sampler_init_grammar(vocab, grammar.gbnf.encode(), b"root")
+        if not compiled:
+            return compiled
+        L.llama_sampler_free(compiled)
+        return LazyTagSampler(vocab, grammar).pointer
     if grammar.trigger is None:
         return L.llama_sampler_init_grammar(vocab, grammar.gbnf.encode(), b"root")
     patterns = (ctypes.c_char_p * 1)(grammar.trigger.encode())

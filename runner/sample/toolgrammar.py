@@ -6,8 +6,9 @@ uses): ``{"<name key>": "<one tool's name>", "<args key>": <that tool's paramete
 alternative per tool, inside the template's prefix and suffix (``<tool_call>\\n`` … ``\\n</tool_call>``)
 and, for templates that write a list of calls, brackets. Forced (``tool_choice`` ``required`` or a
 named function) the whole answer follows it; with ``auto`` it is lazy: it starts constraining
-only once the model writes the call's tag (llama.cpp's trigger patterns), so the model may still
-answer in plain text, but a call it starts is well formed.
+only once the model writes the call's tag, wherever in the answer (:mod:`runner.sample.lazygrammar`;
+for bare JSON, at the top of the answer), so the model may still answer in plain text, or write
+some before its call, but a call it starts is well formed.
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ def tool_call_grammar(syntax: ToolSyntax, tools: Sequence[Tool], choice: ToolCho
     gbnf = f"root ::= {many}\ntool-block ::= {' '.join(parts)}\ngap ::= [ \\n]? [ \\n]?\n{body}"
     if choice.forced:
         return Grammar(gbnf)
-    # auto: lazily, once the answer opens with the call's tag (or, for bare JSON, its bracket).
-    # The trigger must match all the output so far (llama.cpp's regex_match after each token):
-    # anchored, its cost does not grow with the answer; ending at the tag, it fires only when a
-    # token ends exactly there, so the grammar never starts in the middle of a token it rejects
-    # (llama.cpp aborts on that). A call the trigger misses is still parsed, just not constrained.
-    opening = syntax.tag or ("[" if syntax.as_list else "{")
+    # auto, with a tag: lazily, from wherever the model writes the tag (runner.sample.lazygrammar)
+    if syntax.tag:
+        return Grammar(gbnf, tag=syntax.tag)
+    # auto, bare JSON: a call is only a call at the top of the answer (the parser's rule), so the
+    # trigger is an opening bracket there. It must match all the output so far (llama.cpp's
+    # regex_match after each token): anchored, it fails at the first other character, so its cost
+    # does not grow with the answer; ending at the bracket, it fires only when a token ends there,
+    # so the grammar never starts in the middle of a token it rejects (llama.cpp aborts on that).
+    opening = "[" if syntax.as_list else "{"
     trigger = r"\s*(" + _regex_literal(opening) + r")"
     return Grammar(gbnf, trigger)

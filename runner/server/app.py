@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from runner import config as _config
 from runner.api import PollamaError
 
-from . import anthropic_api, ollama_api, openai_api, store_api
+from . import anthropic_api, ollama_api, openai_api, responses_api, store_api
 from .disconnect import TrackClient
 from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
 from .middleware import GuardMiddleware, Hosts, Origins
@@ -98,6 +98,7 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
     app.include_router(store_api.router)
     app.include_router(openai_api.router)
     app.include_router(anthropic_api.router)
+    app.include_router(responses_api.router)
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(GuardMiddleware, origins=Origins.of(cfg.origins), hosts=Hosts.of(cfg.host))
     app.add_middleware(TrackClient)  # lets a JSON handler see its client leave (disconnect.py)

@@ -175,11 +175,16 @@ def finish_reason(chunk: Chunk, called: bool = False) -> str:
 
 
 def reasoning_think(body: ChatCompletionBody) -> bool | str | None:
-    """``reasoning_effort`` (or ``reasoning.effort``) as ``think``, as Ollama maps it: high,
-    medium, low (max is high), none turns it off."""
+    """``reasoning_effort`` (or ``reasoning.effort``) as ``think`` (:func:`effort_think`)."""
     effort = body.reasoning_effort
     if effort is None and body.reasoning is not None:
         effort = body.reasoning.get("effort")
+    return effort_think(effort)
+
+
+def effort_think(effort: Any) -> bool | str | None:
+    """A reasoning effort as ``think``, as Ollama maps it: high, medium, low (max is high),
+    none (or minimal) turns it off; None leaves the model's default."""
     if effort is None:
         return None
     if not isinstance(effort, str) or effort.lower() not in ("high", "medium", "low", "max", "none", "minimal"):

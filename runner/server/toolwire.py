@@ -48,7 +48,8 @@ def parse_tool_choice(raw: Any, tools: list[Tool]) -> ToolChoice:
     raise InvalidRequest(f"invalid tool_choice {raw!r}: use \"auto\", \"none\", \"required\" or a function")
 
 
-def _arguments(value: Any, where: str) -> dict[str, Any]:
+def arguments(value: Any, where: str) -> dict[str, Any]:
+    """A call's arguments: a JSON object, or a string holding one (empty: none)."""
     if value is None or value == "":
         return {}
     if isinstance(value, str):
@@ -70,7 +71,7 @@ def calls_from_wire(raw: list[Any] | None, where: str) -> list[ToolCall]:
             raise InvalidRequest(f"invalid {where}.tool_calls[{i}]: a call has function.name")
         index = fn.get("index", i)
         call_id = entry.get("id") or ""
-        calls.append(ToolCall(fn["name"], _arguments(fn.get("arguments"), f"{where}.tool_calls[{i}]"),
+        calls.append(ToolCall(fn["name"], arguments(fn.get("arguments"), f"{where}.tool_calls[{i}]"),
                               index=index if isinstance(index, int) else i,
                               id=call_id if isinstance(call_id, str) else ""))
     return calls
