@@ -122,7 +122,7 @@ def main() -> None:
     # (c) the new engine's time per decoded token: the same forward passes and greedy sampling as
     # the runner's, driven directly so each part can be timed
     tg_new, tg_old = med([r[1] for r in rates["new"]]), med([r[1] for r in rates["old"]])
-    model = runners["new"]._model
+    model = runners["new"].model_engine.model
     tokens = runners["new"].tokenize(PROMPT)
     model.cache.remove(0, 0, None)  # slot 0's cache is ours now; this runner is closed afterwards
     for i in range(0, len(tokens), 512):

@@ -72,7 +72,9 @@ def _split_model_and_prompt(args: list[str], cfg: config.Config) -> tuple[str | 
     """``run [MODEL] [PROMPT...]``: the first word is the model when it can name one.
 
     A first word that names a model (the default's name, a .gguf path, anything that parses as a
-    store name by Ollama's rules, a registry host with a port included) is the model; anything
+    store name by Ollama's rules, a registry host with a port included) is the model, and so is a
+    single word with a ``/`` in it that fails to parse (``host/../../x``): it was meant as a name,
+    and resolving it gives the user the invalid-name error instead of a chat about it. Anything
     else (it has spaces, say) starts the prompt and the default model runs.
     """
     if not args:
@@ -81,6 +83,8 @@ def _split_model_and_prompt(args: list[str], cfg: config.Config) -> tuple[str | 
     if first == "":
         return None, args[1:]
     if store.is_default_name(first) or store.looks_like_path(first) or store.is_name(first):
+        return first, args[1:]
+    if "/" in first and not any(c.isspace() for c in first):
         return first, args[1:]
     return None, args
 

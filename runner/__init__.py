@@ -30,13 +30,17 @@ from .api import (
     Runner,
     ServerBusy,
 )
-from .loadplan import checked_options, resolve_load_options
+from .engine import BatchRunner
+from .enginespec import Engine
+from .loadplan import LoadOptions, checked_options, resolve_load_options
+from .pipeline import InlineDecoder, ThreadDecoder
 from .prompt import model_template
 
 __all__ = [
-    "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "Message", "Metrics",
+    "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",
     "ModelInfo", "ModelNotFound", "Options", "PollamaError", "PromptTooLong", "Request", "Runner",
-    "ServerBusy", "checked_options", "load", "model_info", "model_template", "resolve_load_options",
+    "ServerBusy", "checked_options", "load", "load_resolved", "model_info", "model_template",
+    "resolve_load_options",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,33 +84,30 @@ def load(model: str | None = None, options: Options | None = None, cfg: _config.
     options = checked_options(copy.deepcopy(options) if options is not None else Options())
     stored = store.resolve(model, cfg)
     info = model_info(stored)
-    parallel = max(1, num_parallel if num_parallel is not None else cfg.num_parallel)
-    num_ctx, num_batch, num_thread = resolve_load_options(info, options, cfg)
-    engine = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
-    kv_type = loadplan.kv_cache_type(info, cfg)
-    flash = bool(cfg.flash_attention)
-    need = loadplan.reservation(info, num_ctx, parallel, num_batch, kv_type, flash, engine)
-    loadplan.check_memory(info, need, num_ctx, parallel)
-    if engine == "new":
-        from .ollamarunner import load_runner
+    plan = resolve_load_options(info, options, cfg, num_parallel)
+    return load_resolved(info, plan, cfg, t0)
 
-        runner = load_runner(info, num_ctx=num_ctx, num_parallel=parallel, num_batch=num_batch,
-                             num_thread=num_thread, multi_user=cfg.multiuser_cache, flash_attention=flash,
-                             kv_cache_type=kv_type)
+
+def load_resolved(info: ModelInfo, plan: LoadOptions, cfg: _config.Config, t0: int | None = None) -> Runner:
+    """:func:`load` for a model already resolved (``info``) with its load options resolved
+    (``plan``, from :func:`resolve_load_options`): the server resolves both once per request."""
+    t0 = t0 if t0 is not None else time.perf_counter_ns()
+    name = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
+    need = loadplan.reservation(info, plan.num_ctx, plan.num_parallel, plan.num_batch, plan.kv_cache_type,
+                                plan.flash_attention, name)
+    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel)
+    engine: Engine
+    if name == "new":
+        from .ollamarunner import GGMLEngine
+
+        engine = GGMLEngine(info, plan)
     else:
-        from .llamarunner.runner import LlamaRunner
+        from .llamarunner.runner import LlamaEngine
 
-        runner = LlamaRunner(
-            info,
-            num_ctx=num_ctx,
-            num_parallel=parallel,
-            num_batch=num_batch,
-            num_thread=num_thread,
-            multi_user=cfg.multiuser_cache,
-            flash_attention=flash,
-            kv_cache_type=kv_type,
-            use_mmap=options.use_mmap if options.use_mmap is not None else True,
-        )
+        engine = LlamaEngine(info, plan)
+    decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
+    runner = BatchRunner(engine, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel, num_batch=plan.num_batch,
+                         multi_user=plan.multi_user, decoder=decoder)
     runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()

@@ -1,4 +1,4 @@
-"""The OLLAMA_* environment, read in one place (reference §6).
+"""The OLLAMA_* environment (and pollama's own POLLAMA_*), read in one place (reference §6).
 
 Values are trimmed of spaces and quotes. Booleans accept what Go's ParseBool accepts and an
 unparsable value counts as true (Ollama's rule); an invalid number falls back to the default with
@@ -36,6 +36,7 @@ class Config:
     nohistory: bool
     new_engine: bool
     origins: tuple[str, ...] = ()  # OLLAMA_ORIGINS, added to the default allowed origins
+    pipeline: bool = False  # POLLAMA_PIPELINE: build the next batch while one decodes (runner.pipeline)
 
     @property
     def base_url(self) -> str:
@@ -188,4 +189,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         nohistory=parse_bool(_clean(env, "OLLAMA_NOHISTORY")),
         new_engine=parse_bool(_clean(env, "OLLAMA_NEW_ENGINE")),
         origins=parse_origins(_clean(env, "OLLAMA_ORIGINS")),
+        pipeline=parse_bool(_clean(env, "POLLAMA_PIPELINE")),
     )

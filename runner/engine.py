@@ -1,12 +1,18 @@
-"""What both engines share: sequences, the batch loop thread, and per-token post-processing.
+"""The batch loop: admission, batching, context shift and release, over an :class:`Engine`.
 
-An engine subclasses :class:`BatchRunner` and supplies the primitives that differ — tokenize,
-token pieces, adding tokens to a batch, decoding it, sampling — and its :class:`KvOps`. This
-module owns the Go runner's loop (reference §1.5, §1.6, §2.9): slots are claimed for waiting
-sequences, each batch takes inputs from every live sequence (round robin), a full slot is shifted,
-and each sampled token goes through EOS / stop / UTF-8 / num_predict handling before it is
-streamed. An ``embed`` call is one entry too (:class:`runner.embedding.EmbedJob`): token batches
-and its embedding batches take turns.
+:class:`BatchRunner` implements the runner contract (:class:`runner.api.Runner`) for any engine
+(:mod:`runner.enginespec`); it holds one and never asks which. It owns the Go runner's loop
+(reference §1.5, §2.9): slots are claimed for waiting sequences, each batch takes inputs from
+every live sequence (the batch's capacity shared round robin), a full slot is shifted, and each
+sampled token goes to its sequence's :class:`runner.output.Output`. Requests become sequences in
+:mod:`runner.sequence`; an ``embed`` call is one entry too (:class:`runner.embedding.EmbedJob`):
+token batches and its embedding batches take turns.
+
+Decodes run through the loop's :class:`runner.pipeline.Decoder`. While a batch still decodes
+(a compute thread), the loop builds and prepares the next one, with a placeholder for each token
+the running batch will sample; after sampling it fills them in, or drops that batch when one of
+its sequences ended meanwhile. A batch whose decode is done at once (inline) is followed by one
+built from the sampled tokens.
 
 Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
 to the waiting queue (under ``_lock``) and receive their sequence's output: from a queue they
@@ -19,85 +25,30 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
 from . import embedding as _embedding
-from . import prompt as _prompt
-from . import reply as _reply
 from .api import (
     Cancelled,
-    ChatTemplate,
     Chunk,
     DoneReason,
     Embedding,
-    Grammar,
-    InvalidRequest,
     LoadError,
     Message,
-    Metrics,
     ModelInfo,
     PollamaError,
-    PromptTooLong,
     Request,
-    TokenLogprob,
 )
-from .embedding import EmbedJob, EmbedLanes
-from .inputcache import InputCache, ReprocessInputs, Slot
-from .sample.grammar import format_grammar
-from .sample.toolgrammar import tool_call_grammar
-from .templatefeatures import features as template_features
-from .text import (
-    contains_stop_suffix,
-    decode_flush,
-    find_stop,
-    incomplete_utf8,
-    token_logprobs,
-    truncate_stop,
-)
+from .embedding import EmbedJob
+from .enginespec import PLACEHOLDER, Engine
+from .inputcache import InputCache, ReprocessInputs
+from .pipeline import Decoder, InlineDecoder
+from .sequence import Prompter, Sequence
+from .text import token_logprobs
 
 log = logging.getLogger(__name__)
-
-_now = time.perf_counter_ns
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the runner (Go's ``Sequence``)."""
-
-    request: Request
-    prompt: list[int]  # the whole prompt after truncation
-    num_keep: int
-    num_predict: int
-    stops: list[bytes]
-    grammar: Grammar | None = None  # what the sampled tokens must follow (format, forced tool calls)
-    reply: _reply.ReplyParser | None = None  # splits the output into thinking, content, tool calls
-    t_request: int = field(default_factory=_now)
-    out: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item); see submit()
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    # filled in by the loop
-    slot: Slot | None = None
-    inputs: list[int] = field(default_factory=list)  # still to evaluate
-    pending_inputs: list[int] = field(default_factory=list)  # in the batch being decoded
-    pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
-    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
-    generated: list[int] = field(default_factory=list)
-    num_predicted: int = 0
-    cached: int = 0
-    evaluated: int = 0
-    batch_index: int = -1  # row of the last input in the current batch (its logits)
-    sampler: Any = None
-    t_start: int = 0
-    t_first: int = 0
-    t_last: int = 0
-
-    def is_cancelled(self) -> bool:
-        return self.cancelled.is_set() or self.request.cancel.is_set()
 
 
 class _Push:
@@ -109,90 +60,64 @@ class _Push:
         self.put = deliver
 
 
+@dataclass(eq=False)
+class _Row:
+    """One sequence's part of a batch."""
+
+    index: int  # the sequence's entry in BatchRunner._seqs
+    seq: Sequence
+    tokens: list[int]  # PLACEHOLDER: sampled from the batch decoding before this one
+    pos: int  # position of the first token
+    samples: bool  # the last token is the prompt's last (or a generated one): sample after it
+    row: int = -1  # the engine batch's row of the last token
+
+
+@dataclass(eq=False)
+class _Batch:
+    rows: list[_Row]
+
+
 class BatchRunner:
-    """A loaded model plus its batch loop. Subclasses implement the ``_engine_*`` hooks."""
+    """A loaded model (an :class:`Engine`) plus its batch loop thread."""
 
-    engine = "?"
-    per_sequence_batch = True  # llamarunner caps each sequence at num_batch; ollamarunner the total
-    # Add sequences to a batch in slot order rather than round robin (fair only when each
-    # sequence has its own cap, per_sequence_batch).
-    batch_in_slot_order = False
-
-    def __init__(self, info: ModelInfo, num_ctx: int, num_parallel: int, num_batch: int, multi_user: bool):
-        self.info = info
+    def __init__(self, engine: Engine, *, num_ctx: int, num_parallel: int, num_batch: int,
+                 multi_user: bool, decoder: Decoder | None = None) -> None:
+        """``decoder``: where decodes run (:mod:`runner.pipeline`; default on the loop thread)."""
+        self.model_engine = engine
+        self.decoder: Decoder = decoder if decoder is not None else InlineDecoder()
+        self._ahead: _Batch | None = None  # the next batch, built while the last one decoded
+        self.info: ModelInfo = engine.info
+        self.n_vocab = engine.n_vocab
         self.num_ctx = num_ctx
         self.num_parallel = num_parallel
         self.num_batch = num_batch
-        self.multi_user = multi_user
-        self.load_duration = 0  # ns, set by load()
-        self.memory_size = 0  # bytes besides the weights (KV cache, compute buffers), set by load()
-        self.cache: InputCache  # set by the subclass once its KV memory exists
+        self.load_duration = 0  # ns, set by runner.load()
+        self.memory_size = engine.memory_size  # bytes besides the weights; runner.load() fills in an estimate
+        self.cache = InputCache(engine.kv, num_ctx * num_parallel, num_parallel, multi_user)
+        self.prompter = Prompter(engine, num_ctx)
         self._lock = threading.Condition()
         self._waiting: collections.deque[Sequence | EmbedJob] = collections.deque()
         self._seqs: list[Sequence | EmbedJob | None] = [None] * num_parallel
         self._next_seq = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"runner:{info.name}", daemon=True)
-
-    # ----------------------------------------------------------------------- engine hooks
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        raise NotImplementedError
-
-    def piece(self, token: int) -> bytes:
-        """The bytes ``token`` renders as in output (control tokens render as nothing)."""
-        raise NotImplementedError
-
-    def is_eog(self, token: int) -> bool:
-        raise NotImplementedError
+        self._thread = threading.Thread(target=self._run, name=f"runner:{engine.info.name}", daemon=True)
 
     @property
-    def add_bos(self) -> bool:
-        raise NotImplementedError
-
-    @property
-    def special_tokens(self) -> tuple[str, str]:
-        """(bos, eos) token texts, for chat templates."""
-        raise NotImplementedError
-
-    def _engine_batch_begin(self) -> None:
-        raise NotImplementedError
-
-    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
-        """Append ``tokens`` at positions pos.. of ``seq_id``; the last one produces logits.
-        Returns the batch row of the first token."""
-        raise NotImplementedError
-
-    def _engine_decode(self) -> None:
-        raise NotImplementedError
-
-    def _engine_embed_lanes(self) -> EmbedLanes:
-        """Where embedding inputs are evaluated (made on first use, on the loop thread)."""
-        raise NotImplementedError
-
-    def _engine_new_sampler(self, seq: Sequence) -> Any:
-        raise NotImplementedError
-
-    def _engine_free_sampler(self, sampler: Any) -> None:
-        pass
-
-    def _engine_sample(self, seq: Sequence) -> int:
-        raise NotImplementedError
-
-    def _engine_logits(self, seq: Sequence) -> np.ndarray:
-        raise NotImplementedError
-
-    def _engine_close(self) -> None:
-        pass
+    def engine(self) -> str:
+        """Which engine runs the model: "old" (llama.cpp) or "new" (our GGML code)."""
+        return self.model_engine.name
 
     # ------------------------------------------------------------------------- public API
     def start(self) -> None:
         self._thread.start()
 
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        self._check_open()
+        return self.model_engine.tokenize(text, add_special, parse_special)
+
     def detokenize(self, tokens: list[int]) -> str:
         self._check_open()
-        if any(not isinstance(t, int) or t < 0 or t >= self.n_vocab for t in tokens):
-            raise InvalidRequest(f"invalid token ids: they must be in [0, {self.n_vocab})")
-        return decode_flush(b"".join(self.piece(t) for t in tokens))
+        return self.prompter.detokenize(tokens)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -202,26 +127,8 @@ class BatchRunner:
                     cancel: threading.Event | None = None) -> str:
         """The prompt for ``messages``: the model's template (or ``template``) within one render
         budget for all the renders history truncation takes; ``cancel`` stops it."""
-        return self._chat_prompt(messages, template, truncate, cancel)[0]
-
-    def _chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
-                     cancel: threading.Event | None, request: Request | None = None) -> tuple[str, list[int]]:
-        """:meth:`render_chat`'s text and its tokens (``template``: a chosen one, or text;
-        ``request``: its tools and ``think`` are rendered too)."""
-        bos, eos = self.special_tokens
-        chosen = self._template(template)
-        budget = _prompt.RenderBudget(cancel=cancel)
-        tools = request.tools if request is not None and request.tool_choice.mode != "none" else []
-        think = request.think if request is not None else None
-
-        def render(msgs):
-            return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
-                                  tools=tools, think=think, budget=budget)
-
-        return _prompt.chat_prompt(messages, render, self.tokenize, self.num_ctx, truncate)
-
-    def _template(self, template: str | ChatTemplate | None) -> ChatTemplate:
-        return template if isinstance(template, ChatTemplate) else _prompt.select(template, self.info)
+        self._check_open()
+        return self.prompter.chat_prompt(messages, template, truncate, cancel)[0]
 
     def generate(self, request: Request) -> Iterator[Chunk]:
         """Validate and tokenize now (errors raise here); the returned iterator streams."""
@@ -239,48 +146,17 @@ class BatchRunner:
         loop thread, between batches: it must return at once and must not raise.
         """
         seq = self._prepare(request, chat)
-        seq.out = _Push(deliver)
+        seq.output.sink = _Push(deliver)
         self._enqueue(seq)
 
     def _prepare(self, request: Request, chat: bool) -> Sequence:
         self._check_open()
-        t0 = _now()
-        chosen = self._template(request.chat_template or request.template)
-        if chat:
-            messages = list(request.messages or [])
-            if request.system and not any(m.role == "system" for m in messages):
-                messages.insert(0, Message("system", request.system))
-            text, tokens = self._chat_prompt(messages, chosen, request.truncate, request.cancel, request)
-            return self._new_sequence(tokens, request, t0, text, chosen)
-        if request.raw:
-            text = request.prompt
-        else:
-            messages = []
-            if request.system:
-                messages.append(Message("system", request.system))
-            messages.append(Message("user", request.prompt))
-            text, tokens = self._chat_prompt(messages, chosen, False, request.cancel, request)
-            if not request.context:
-                return self._new_sequence(tokens, request, t0, text, chosen)
-        if request.context:
-            text = self.detokenize(list(request.context)) + text
-        return self._new_sequence(self.tokenize(text), request, t0, text, None if request.raw else chosen)
+        return self.prompter.prepare(request, chat)
 
     def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
         """All of ``texts`` go to the loop as one job, evaluated several per decode."""
         self._check_open()
-        inputs = []
-        for text in texts:
-            tokens = self.tokenize(text)
-            if not tokens:
-                raise InvalidRequest("no input provided")
-            if len(tokens) > self.num_ctx:
-                if not truncate:
-                    raise PromptTooLong(
-                        f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
-                    )
-                tokens = tokens[: self.num_ctx]
-            inputs.append(tokens)
+        inputs = self.prompter.embed_inputs(texts, truncate)
         if not inputs:
             return Embedding([], 0)
         job = EmbedJob(inputs, cancel if cancel is not None else threading.Event())
@@ -307,47 +183,15 @@ class BatchRunner:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join()
         err = LoadError("the model was unloaded")
-        for seq in list(self._waiting) + [s for s in self._seqs if s is not None]:
-            seq.out.put(err)
+        for entry in list(self._waiting) + [s for s in self._seqs if s is not None]:
+            _put(entry, err)
         self._waiting.clear()
         self._seqs = [None] * self.num_parallel
-        self._engine_close()
+        self._ahead = None
+        self.decoder.close()
+        self.model_engine.close()
 
     # ------------------------------------------------------------------------ sequences
-    def _new_sequence(self, tokens: list[int], request: Request, t0: int, text: str = "",
-                      template: ChatTemplate | None = None) -> Sequence:
-        if not tokens:
-            raise InvalidRequest("no input provided")
-        grammar = format_grammar(request.format)
-        reply = None
-        if template is not None:
-            found = template_features(template)
-            reply = _reply.for_request(request, found, text)
-            if request.tools and found.tools is not None and request.tool_choice.mode != "none" \
-                    and request.tool_grammar:
-                # forced: the whole answer is a call; auto: a call the model starts is well formed
-                if request.tool_choice.forced or grammar is None:
-                    grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
-                                                request.parallel_tool_calls)
-        opts = request.options
-        num_keep = opts.num_keep
-        if num_keep < 0:
-            num_keep = len(tokens)
-        num_keep = max(0, min(num_keep, self.num_ctx - 1))
-        if len(tokens) > self.num_ctx:
-            if not request.truncate:
-                raise PromptTooLong(
-                    f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
-                )
-            discard = len(tokens) - self.num_ctx
-            log.warning("truncating input prompt: limit %d, prompt %d, keep %d", self.num_ctx, len(tokens), num_keep)
-            tokens = tokens[:num_keep] + tokens[num_keep + discard :]
-        num_predict = opts.num_predict
-        if num_predict < 0 or num_predict > 10 * self.num_ctx:
-            num_predict = 10 * self.num_ctx
-        stops = [s.encode("utf-8") for s in opts.stop if s]
-        return Sequence(request, tokens, num_keep, num_predict, stops, grammar=grammar, reply=reply, t_request=t0)
-
     def _enqueue(self, seq: Sequence | EmbedJob) -> None:
         with self._lock:
             if self._closed:
@@ -359,7 +203,7 @@ class BatchRunner:
         self._enqueue(seq)
         try:
             while True:
-                item = seq.out.get()
+                item = seq.output.sink.get()
                 if isinstance(item, BaseException):
                     raise item
                 yield item
@@ -385,12 +229,13 @@ class BatchRunner:
                 self._process_batch()
             except Exception as err:  # a decode failure must not kill the loop or leak slots
                 log.exception("batch failed")
+                self._ahead = None  # its sequences fail below; their slots start over when claimed
                 failure = err if isinstance(err, PollamaError) else LoadError(f"model runner error: {err}")
                 for i, seq in enumerate(self._seqs):
                     if isinstance(seq, EmbedJob):
                         self._end_embedding(i, seq, failure)
                     elif seq is not None:
-                        seq.out.put(failure)
+                        seq.output.put(failure)
                         self._release(i, seq)
 
     def _admit(self) -> None:
@@ -405,8 +250,7 @@ class BatchRunner:
                 if isinstance(seq, EmbedJob):
                     seq.out.put(Cancelled("the embedding request was cancelled"))
                     continue
-                seq.out.put(Chunk(done=True, done_reason=DoneReason.CONNECTION_CLOSED,
-                                  metrics=Metrics(total_duration=_now() - seq.t_request)))
+                seq.output.put(seq.output.final(DoneReason.CONNECTION_CLOSED, seq.prompt))
         while self._waiting and None in self._seqs:
             seq = self._waiting.popleft()
             i = self._seqs.index(None)
@@ -414,21 +258,17 @@ class BatchRunner:
                 self._admit_embedding(i, seq)
                 continue
             try:
-                sampler = self._engine_new_sampler(seq)
+                sampler = self.model_engine.new_sampler(seq.request.options, seq.grammar, seq.prompt)
             except Exception as err:  # e.g. a format that does not compile: fail this request only
                 log.debug("cannot start sequence: %s", err)
-                seq.out.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
+                seq.output.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
                 continue
             slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=seq.request.cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
-            seq.cached = len(seq.prompt) - len(remaining)
-            seq.evaluated = len(remaining)
-            seq.t_start = _now()
+            seq.output.started(cached=len(seq.prompt) - len(remaining), evaluated=len(remaining))
             self._seqs[i] = seq
-            log.debug(
-                "slot %d: prompt %d tokens, cached %d, evaluating %d",
-                slot.id, len(seq.prompt), seq.cached, len(remaining),
-            )
+            log.debug("slot %d: prompt %d tokens, cached %d, evaluating %d",
+                      slot.id, len(seq.prompt), len(seq.prompt) - len(remaining), len(remaining))
 
     def _process_batch(self) -> None:
         n = self.num_parallel
@@ -441,6 +281,8 @@ class BatchRunner:
                     self._end_embedding(i, entry, None)
                 else:
                     self._finish(i, entry, DoneReason.CONNECTION_CLOSED)
+        if self._ahead is not None and not self._live(self._ahead):
+            self._discard(self._ahead)
         # Token and embedding batches take turns: the first live entry in round-robin order
         # picks this batch's kind (an embedding batch is one job's).
         first = next((i for i in order if self._seqs[i] is not None), None)
@@ -448,157 +290,188 @@ class BatchRunner:
             return
         job = self._seqs[first]
         if isinstance(job, EmbedJob):
+            if self._ahead is not None:
+                self._discard(self._ahead)  # the embedding's decode places its own batch
             self._embedding_step(first, job)
             return
-        self._engine_batch_begin()
-        in_batch: list[tuple[int, Sequence]] = []
+        batch = self._ahead if self._ahead is not None else self._build_batch(order)
+        self._ahead = None
+        if batch is None:
+            return
+        self.decoder.start(self.model_engine)
+        try:
+            ahead = self._build_ahead(order, batch) if self.decoder.running() else None
+        finally:
+            self.decoder.wait()  # one decode at a time, also when building ahead failed
+        self._after_decode(batch, ahead)
+
+    def _build_batch(self, order: list[int]) -> _Batch | None:
+        """The next batch, built while no batch decodes: the capacity is shared in round-robin
+        ``order`` (who comes first this time); a full slot is shifted first."""
+        capacity = self.model_engine.batch_capacity
+        taken: list[_Row] = []
         total = 0
-        if self.batch_in_slot_order:
-            order.sort(key=lambda i: self._seqs[i].slot.id if isinstance(self._seqs[i], Sequence) else n)
         for i in order:
             seq = self._seqs[i]
             if not isinstance(seq, Sequence):
                 continue
-            added = self._fill(i, seq, total)
-            if added:
-                total += added
-                in_batch.append((i, seq))
-        if not in_batch:
-            return
-        self._engine_decode()
-        for i, seq in in_batch:
-            assert seq.slot is not None
-            seq.slot.inputs.extend(seq.pending_inputs)
-            seq.pending_inputs = []
-            if seq.inputs:
-                continue  # still evaluating the prompt
-            token = self._engine_sample(seq)
-            self._on_token(i, seq, token)
+            count = self._plan(i, seq, min(self.num_batch, capacity - total))
+            if count:
+                assert seq.slot is not None
+                total += count
+                tokens, seq.inputs = seq.inputs[:count], seq.inputs[count:]
+                taken.append(_Row(i, seq, tokens, len(seq.slot.inputs), samples=not seq.inputs))
+        return self._engine_batch(taken)
 
-    def _fill(self, i: int, seq: Sequence, total: int) -> int:
-        """Move as many of ``seq``'s inputs into the batch as the caps allow; shift when full."""
-        assert seq.slot is not None
-        added = 0
-        while seq.inputs:
-            used = len(seq.slot.inputs) + len(seq.pending_inputs)
-            room = self.num_ctx - used
-            if room < 1:
-                if seq.pending_inputs:
-                    break
-                if not seq.request.shift:
-                    self._finish(i, seq, DoneReason.LENGTH)
-                    return 0
-                try:
-                    self.cache.shift_slot(seq.slot, seq.num_keep)
-                except ReprocessInputs as redo:
-                    seq.inputs = redo.inputs + seq.inputs
+    def _build_ahead(self, order: list[int], running: _Batch) -> _Batch | None:
+        """The batch after ``running``, built while it decodes: a sequence that samples from
+        ``running`` gets a placeholder for that token. None when a slot would need a shift
+        (KV memory is not touched while a batch decodes): the next batch is built afterwards."""
+        capacity = self.model_engine.batch_capacity
+        before = {row.seq: row for row in running.rows}
+        taken: list[_Row] = []
+        total = 0
+        for i in order:
+            seq = self._seqs[i]
+            if not isinstance(seq, Sequence):
                 continue
-            cap = self.num_batch - (added if self.per_sequence_batch else total + added)
-            take = min(len(seq.inputs), room, cap)
-            if take <= 0:
-                break
-            tokens = seq.inputs[:take]
-            seq.inputs = seq.inputs[take:]
-            last_out = not seq.inputs
-            first = self._engine_batch_add(tokens, used, seq.slot.id)
-            seq.batch_index = first + take - 1
-            seq.pending_inputs.extend(tokens)
-            added += take
-            if last_out:
-                break
-        return added
+            assert seq.slot is not None
+            prev = before.get(seq)
+            pos = len(seq.slot.inputs) + (len(prev.tokens) if prev is not None else 0)
+            if not seq.inputs and (prev is None or not prev.samples):
+                continue
+            if pos >= self.num_ctx:
+                return self._undo(taken)
+            cap = min(self.num_batch, capacity - total)
+            if cap <= 0:
+                continue
+            if seq.inputs:
+                tokens = seq.inputs[: min(len(seq.inputs), self.num_ctx - pos, cap)]
+                seq.inputs = seq.inputs[len(tokens):]
+            else:
+                tokens = [PLACEHOLDER]
+            total += len(tokens)
+            taken.append(_Row(i, seq, tokens, pos, samples=not seq.inputs))
+        return self._engine_batch(taken)
+
+    def _undo(self, taken: list[_Row]) -> None:
+        """Give the rows' known tokens back to their sequences."""
+        for row in taken:
+            known = [t for t in row.tokens if t != PLACEHOLDER]
+            row.seq.inputs = known + row.seq.inputs
+        return None
+
+    def _engine_batch(self, taken: list[_Row]) -> _Batch | None:
+        """Add the rows to a new engine batch in slot order (llama.cpp evaluates a run of
+        consecutive KV streams as one ubatch; our engine does not mind) and prepare it."""
+        if not taken:
+            return None
+        engine = self.model_engine
+        engine.batch_begin()
+        taken.sort(key=lambda r: r.seq.slot.id if r.seq.slot is not None else 0)
+        for row in taken:
+            assert row.seq.slot is not None
+            row.row = engine.batch_add(row.tokens, row.pos, row.seq.slot.id)
+        try:
+            engine.prepare()
+        except BaseException:
+            self._undo(taken)
+            raise
+        return _Batch(taken)
+
+    def _after_decode(self, batch: _Batch, ahead: _Batch | None) -> None:
+        """Record what ``batch`` put in the cache, sample its sequences, and hand each sampled
+        token to the batch built ahead (its placeholder) or to the sequence's next inputs."""
+        engine = self.model_engine
+        waiting = {row.seq: row for row in ahead.rows if row.tokens == [PLACEHOLDER]} if ahead else {}
+        for row in batch.rows:
+            seq = row.seq
+            if self._seqs[row.index] is not seq:
+                continue  # ended meanwhile: its results are discarded
+            assert seq.slot is not None
+            seq.slot.inputs.extend(row.tokens)
+            if not row.samples:
+                continue  # still evaluating the prompt
+            token = engine.sample(seq.sampler, row.row)
+            if not self._on_token(row.index, seq, token, row.row):
+                continue
+            slot_row = waiting.pop(seq, None)
+            if slot_row is not None:
+                engine.fill(slot_row.row, token)
+                slot_row.tokens = [token]
+            else:
+                seq.inputs = [token]  # decoded by the next batch, which puts it in the KV cache
+        if ahead is None:
+            return
+        if waiting or not self._live(ahead):
+            self._discard(ahead)
+        else:
+            self._ahead = ahead
+
+    def _live(self, batch: _Batch) -> bool:
+        return all(self._seqs[row.index] is row.seq for row in batch.rows)
+
+    def _discard(self, batch: _Batch) -> None:
+        """Drop a prepared batch that will not be decoded: its cells leave the KV cache and
+        its known tokens go back to their sequences."""
+        if batch is self._ahead:
+            self._ahead = None
+        self._undo([row for row in batch.rows if self._seqs[row.index] is row.seq])
+        for row in batch.rows:
+            slot = row.seq.slot
+            assert slot is not None
+            if not self.cache.kv.seq_rm(slot.id, row.pos, None):  # no partial erasure: start over
+                self.cache.kv.seq_rm(slot.id, 0, None)
+                row.seq.inputs = slot.inputs + row.seq.inputs
+                slot.inputs = []
+
+    def _plan(self, i: int, seq: Sequence, cap: int) -> int:
+        """How many of ``seq``'s inputs the next batch takes (at most ``cap``), after shifting
+        its slot when it is full; 0 when none (or the sequence ended: no room, no shift)."""
+        assert seq.slot is not None
+        while seq.inputs:
+            room = self.num_ctx - len(seq.slot.inputs)
+            if room >= 1:
+                return max(0, min(len(seq.inputs), room, cap))
+            if not seq.request.shift:
+                self._finish(i, seq, DoneReason.LENGTH)
+                return 0
+            try:
+                self.cache.shift_slot(seq.slot, seq.num_keep)
+            except ReprocessInputs as redo:
+                seq.inputs = redo.inputs + seq.inputs
+        return 0
 
     # ---------------------------------------------------------------- per-token handling
-    def _on_token(self, i: int, seq: Sequence, token: int) -> None:
-        now = _now()
-        if not seq.t_first:
-            seq.t_first = now
-        seq.t_last = now
-        seq.num_predicted += 1
-        if self.is_eog(token):
-            self._finish(i, seq, DoneReason.STOP)
-            return
-        piece = self.piece(token)
-        seq.generated.append(token)
-        seq.inputs = [token]  # decoded by the next batch, which puts it in the KV cache
-        if seq.request.logprobs:
-            seq.pending_logprobs.append(
-                token_logprobs(self._engine_logits(seq), token, seq.request.top_logprobs, self.piece)
-            )
-        seq.pending_pieces.append(piece)
-        joined = b"".join(seq.pending_pieces)
-        stop = find_stop(joined, seq.stops)
-        if stop is not None:
-            self._cut_at_stop(seq, stop)
-            self._finish(i, seq, DoneReason.STOP)
-            return
-        if seq.num_predict > 0 and seq.num_predicted >= seq.num_predict:
-            self._finish(i, seq, DoneReason.LENGTH)
-            return
-        if contains_stop_suffix(joined, seq.stops) or incomplete_utf8(joined):
-            return
-        self._flush(seq)
-
-    def _cut_at_stop(self, seq: Sequence, stop: bytes) -> None:
-        """Trim the held-back text at ``stop`` and the slot's history to match (§1.6)."""
-        assert seq.slot is not None
-        orig = len(seq.pending_pieces)
-        pieces, truncated = truncate_stop(seq.pending_pieces, stop)
-        removed = orig - len(pieces)
-        seq.pending_pieces = pieces
-        if seq.pending_logprobs:
-            seq.pending_logprobs = seq.pending_logprobs[: len(seq.pending_logprobs) - removed]
-        # The last sampled token is not in the cache yet: count it, then drop what was cut.
-        keep = len(seq.slot.inputs) + 1 - removed
-        if truncated or removed == 0:
-            keep -= 1
-        del seq.slot.inputs[max(keep, 0):]
-        cut = removed + (1 if truncated or removed == 0 else 0)
-        if cut:
-            del seq.generated[max(len(seq.generated) - cut, 0):]
+    def _on_token(self, i: int, seq: Sequence, token: int, row: int) -> bool:
+        """Hand ``token`` (sampled from batch row ``row``) to the sequence's output; False when
+        that ended the sequence."""
+        engine, out = self.model_engine, seq.output
+        eog = engine.is_eog(token)
+        logprob = None
+        if out.wants_logprobs and not eog:
+            logprob = token_logprobs(engine.logits(row), token, out.top_logprobs or 0, engine.piece)
+        verdict = out.token(token, b"" if eog else engine.piece(token), eog, logprob)
+        if verdict.done is None:
+            return True
+        if verdict.drop:
+            assert seq.slot is not None
+            del seq.slot.inputs[max(len(seq.slot.inputs) - verdict.drop, 0):]
         seq.inputs = []
-
-    def _flush(self, seq: Sequence, final: bool = False) -> None:
-        """Send the held-back output (``final``: the reply ended, so its parser holds nothing)."""
-        if not seq.pending_pieces and not seq.pending_logprobs and not (final and seq.reply):
-            return
-        text = decode_flush(b"".join(seq.pending_pieces))
-        chunk = Chunk(text=text, logprobs=seq.pending_logprobs or None)
-        if seq.reply is not None:
-            parts = seq.reply.feed(text, final)
-            chunk.text, chunk.thinking, chunk.tool_calls = parts.content, parts.thinking, parts.tool_calls or None
-        seq.pending_pieces, seq.pending_logprobs = [], []
-        if chunk.text or chunk.thinking or chunk.tool_calls or chunk.logprobs or seq.reply is None:
-            seq.out.put(chunk)
-
-    def _metrics(self, seq: Sequence) -> Metrics:
-        end = seq.t_last or _now()
-        first = seq.t_first or end
-        return Metrics(
-            prompt_eval_count=seq.evaluated,
-            prompt_cached_count=seq.cached,
-            prompt_eval_duration=max(first - seq.t_start, 0) if seq.t_start else 0,
-            eval_count=seq.num_predicted,
-            eval_duration=max(end - first, 0),
-            load_duration=0,
-            total_duration=_now() - seq.t_request,
-        )
+        self._finish(i, seq, verdict.done)
+        return False
 
     def _finish(self, i: int, seq: Sequence, reason: DoneReason) -> None:
-        if reason is not DoneReason.CONNECTION_CLOSED:
-            self._flush(seq, final=True)
-        final = Chunk(done=True, done_reason=reason, metrics=self._metrics(seq), context=seq.prompt + seq.generated)
+        final = seq.output.final(reason, seq.prompt)
         self._release(i, seq)  # before the caller sees done: its slot is already free
-        seq.out.put(final)
+        seq.output.put(final)
 
     def _release(self, i: int, seq: Sequence) -> None:
         """Free a token sequence's entry, sampler and slot."""
         if seq.sampler is not None:
-            self._engine_free_sampler(seq.sampler)
+            self.model_engine.free_sampler(seq.sampler)
             seq.sampler = None
         if seq.slot is not None:
-            if seq.pending_inputs:  # never decoded: the cache ends before them
-                seq.pending_inputs = []
             self.cache.release(seq.slot)
         self._seqs[i] = None
 
@@ -606,7 +479,7 @@ class BatchRunner:
     def _admit_embedding(self, i: int, job: EmbedJob) -> None:
         """Give ``job`` sequence entry ``i`` and the room its lanes need (lock held)."""
         try:
-            job.slot = self._engine_embed_lanes().reserve(self.cache)
+            job.slot = self.model_engine.embed_lanes().reserve(self.cache)
         except Exception as err:  # no memory for the lanes: fail this request only
             log.warning("cannot start an embedding: %s", err)
             job.out.put(err if isinstance(err, PollamaError) else LoadError(f"cannot evaluate embeddings: {err}"))
@@ -616,7 +489,7 @@ class BatchRunner:
 
     def _embedding_step(self, i: int, job: EmbedJob) -> None:
         try:
-            _embedding.step(job, self._engine_embed_lanes(), self.num_batch, self.num_ctx)
+            _embedding.step(job, self.model_engine.embed_lanes(), self.num_batch, self.num_ctx)
         except Exception as err:  # a failed embedding batch fails its own request only
             log.exception("embedding batch failed")
             self._end_embedding(i, job, err if isinstance(err, PollamaError) else LoadError(f"model runner error: {err}"))
@@ -625,5 +498,12 @@ class BatchRunner:
             self._end_embedding(i, job, None)
 
     def _end_embedding(self, i: int, job: EmbedJob, error: PollamaError | None) -> None:
-        _embedding.end(job, self._engine_embed_lanes(), self.cache, error)
+        _embedding.end(job, self.model_engine.embed_lanes(), self.cache, error)
         self._seqs[i] = None
+
+
+def _put(entry: Sequence | EmbedJob, item: Any) -> None:
+    if isinstance(entry, EmbedJob):
+        entry.out.put(item)
+    else:
+        entry.output.put(item)

@@ -2,8 +2,10 @@
 
 - :func:`checked_options`: the ranges rule for options, for ``pollama run`` and the server alike
   (non-finite numbers refused; counts the engines would overflow or choke on clamped);
-- :func:`resolve_load_options`: the context, batch and thread counts a load uses;
-- :func:`kv_cache_type`: ``OLLAMA_KV_CACHE_TYPE`` as the engines can honour it;
+- :func:`resolve_load_options`: the :class:`LoadOptions` a load uses (context, batch, threads,
+  slots, KV cache type, flash attention), resolved once for both engines and the scheduler;
+- :func:`kv_cache_type`: ``OLLAMA_KV_CACHE_TYPE`` as the engines can honour it (the one place
+  that falls back to f16);
 - :func:`reservation` and :func:`check_memory`: what the KV cache and the compute buffers will
   take, refused up front (one line, in milliseconds) when the machine cannot give it, instead of
   an engine allocating gigabytes layer by layer until ``bad_alloc``.
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from . import config as _config
 from . import ggufmeta
 from .api import InvalidRequest, LoadError, ModelInfo, Options
+from .cpus import default_threads
 from .kvcache.cells import cache_geometry
 from .memory import available_memory
 from .model.sliding import SlidingWindow
@@ -54,12 +58,29 @@ def checked_options(options: Options) -> Options:
     return options
 
 
-def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config) -> tuple[int, int, int]:
-    """(num_ctx, num_batch, num_thread) after defaults and clamps: ``num_ctx`` 0 is the configured
-    default, at most the model's trained context and 2^20, at least 4; ``num_batch`` at most
-    ``num_ctx``; ``num_thread`` 0 is one per usable core, at most 4 per CPU."""
-    from .llamarunner.runner import default_threads
+@dataclass(frozen=True)
+class LoadOptions:
+    """Everything a load is made with, after defaults, clamps and fallbacks: two loads with equal
+    values are interchangeable (the server's scheduler reuses a runner whose value matches)."""
 
+    num_ctx: int  # tokens per sequence
+    num_batch: int  # tokens one sequence adds to a batch at most
+    num_thread: int
+    num_parallel: int  # slots
+    kv_cache_type: str  # one of KV_CACHE_TYPES, as the engines can honour it
+    flash_attention: bool
+    use_mmap: bool
+    multi_user: bool  # OLLAMA_MULTIUSER_CACHE: slots shared by several users
+    pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
+
+
+def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config,
+                         num_parallel: int | None = None) -> LoadOptions:
+    """The load options for ``info``: ``num_ctx`` 0 is the configured default, at most the model's
+    trained context and 2^20, at least 4; ``num_batch`` at most ``num_ctx``; ``num_thread`` 0 is
+    one per usable core, at most 4 per CPU; ``num_parallel`` None is ``OLLAMA_NUM_PARALLEL``; the
+    KV cache type as :func:`kv_cache_type` resolves it. Raises LoadError for a KV type that does
+    not fit the model."""
     num_ctx = min(options.num_ctx or cfg.context_length, MAX_CTX)
     if info.context_length > 0:
         num_ctx = min(num_ctx, info.context_length)
@@ -67,7 +88,17 @@ def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config)
     num_batch = max(1, min(options.num_batch, num_ctx))
     num_thread = options.num_thread if options.num_thread > 0 else default_threads()
     num_thread = min(num_thread, THREADS_PER_CPU * (os.cpu_count() or 1))
-    return num_ctx, num_batch, num_thread
+    return LoadOptions(
+        num_ctx=num_ctx,
+        num_batch=num_batch,
+        num_thread=num_thread,
+        num_parallel=max(1, num_parallel if num_parallel is not None else cfg.num_parallel),
+        kv_cache_type=kv_cache_type(info, cfg),
+        flash_attention=bool(cfg.flash_attention),
+        use_mmap=True if options.use_mmap is None else options.use_mmap,
+        multi_user=cfg.multiuser_cache,
+        pipeline=cfg.pipeline,
+    )
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -113,12 +144,12 @@ def kv_cache_type(info: ModelInfo, cfg: _config.Config) -> str:
     type's 32-element block (otherwise LoadError, as llama.cpp refuses; GGML would abort)."""
     wanted = cfg.kv_cache_type
     if wanted not in KV_CACHE_TYPES:
-        log.warning("unsupported OLLAMA_KV_CACHE_TYPE=%s (use one of %s); using f16", wanted, ", ".join(KV_CACHE_TYPES))
+        _warn_once(f"unsupported OLLAMA_KV_CACHE_TYPE={wanted[:32]} (use one of {', '.join(KV_CACHE_TYPES)}); using f16")
         return "f16"
     if wanted == "f16":
         return wanted
     if not cfg.flash_attention:
-        log.warning("OLLAMA_KV_CACHE_TYPE=%s needs flash attention (OLLAMA_FLASH_ATTENTION=1); using f16", wanted)
+        _warn_once(f"OLLAMA_KV_CACHE_TYPE={wanted} needs flash attention (OLLAMA_FLASH_ATTENTION=1); using f16")
         return "f16"
     att = Attention.of(info)
     block = _KV_BLOCK[wanted][0]
@@ -127,6 +158,11 @@ def kv_cache_type(info: ModelInfo, cfg: _config.Config) -> str:
             raise LoadError(f"OLLAMA_KV_CACHE_TYPE={wanted} does not fit {info.name}: its attention heads have "
                             f"{size} features, not a multiple of {wanted}'s block of {block} (use f16)")
     return wanted
+
+
+@functools.lru_cache(maxsize=8)  # the server resolves load options per request: warn once
+def _warn_once(message: str) -> None:
+    log.warning("%s", message)
 
 
 # --------------------------------------------------------------------------------------- memory

@@ -26,9 +26,11 @@ ENGINES = ["old", "new"]
 
 
 def load(model: str | os.PathLike | None, engine: str = "old", *, num_parallel: int = 1,
-         multiuser: bool = False, **options):
-    """Load a real model on one engine with test-friendly options (temperature 0 unless given)."""
-    cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), multiuser_cache=multiuser)
+         multiuser: bool = False, pipeline: bool = False, **options):
+    """Load a real model on one engine with test-friendly options (temperature 0 unless given);
+    ``pipeline``: decode on a compute thread, the next batch built meanwhile."""
+    cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), multiuser_cache=multiuser,
+                              pipeline=pipeline)
     options.setdefault("num_ctx", 2048)
     r = runner.load(None if model is None else str(model), Options().merged(options), cfg, num_parallel=num_parallel)
     assert r.engine == engine, f"asked for the {engine} engine, got {r.engine}"

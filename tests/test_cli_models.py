@@ -199,3 +199,12 @@ def test_save_in_the_repl_makes_a_model(_isolated_home):
     child.expect_exact(">>> ")
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+
+
+@pytest.mark.parametrize("word", ["registry.ollama.ai/../../x", "a/../b:c", "library//x"])
+def test_run_with_a_bad_name_says_so_instead_of_chatting_about_it(_isolated_home, word):
+    """A single word with a slash was meant as a model name: a bad one is one error line, not the
+    default model answering a prompt that starts with it (and nothing is pulled)."""
+    out = run_cli(["run", word, "hi"], _isolated_home)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines() == [f'Error: model "{word}" not found']

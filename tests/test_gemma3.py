@@ -197,7 +197,7 @@ def test_next_turn_past_the_window_evaluates_only_new_tokens(gemma3: Path, engin
         assert f2.metrics.prompt_cached_count >= f1.metrics.prompt_eval_count + f1.metrics.eval_count - 2
         assert f2.metrics.prompt_eval_count <= 12
         if engine == "new":
-            local = r._model.cache.caches[0]  # the sliding-window layers' cache
+            local = r.model_engine.model.cache.caches[0]  # the sliding-window layers' cache
             held = local.table.seq_positions(0)
             assert len(held) <= 512 + 128 and max(held) - min(held) < 512 + 128
     finally:
@@ -239,7 +239,7 @@ def test_memory_reservation_and_ps_size_cover_the_window_cache(gemma3: Path) -> 
     r = _load(gemma3, "new", num_ctx=8192)
     try:
         plan = loadplan.reservation(info, 8192, 1, 128, "f16", False, "new")
-        kv = r._model.cache.nbytes
+        kv = r.model_engine.model.cache.nbytes
         assert kv == plan.kv
         full = dataclasses.replace(info, metadata={k: v for k, v in info.metadata.items() if "sliding" not in k})
         assert plan.kv < loadplan.reservation(full, 8192, 1, 128, "f16", False, "new").kv / 3

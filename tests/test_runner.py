@@ -297,16 +297,16 @@ def test_cancelled_before_a_slot_still_ends_its_stream(engine):
 def test_old_engine_batches_live_slots_in_slot_order(monkeypatch):
     """llama.cpp (one KV stream per slot) evaluates a batch as one ubatch only while its sequence
     ids run consecutively; in round-robin order four streams would take several passes."""
-    from runner.llamarunner.runner import LlamaRunner
+    from runner.llamarunner.runner import LlamaEngine
 
     seen: list[list[int]] = []
-    decode = LlamaRunner._engine_decode
+    decode = LlamaEngine.decode
 
-    def recording(self):
-        seen.append(self._batch.seq[: self._batch.n].tolist())
-        decode(self)
+    def recording(self, started=None):
+        seen.append(self._prepared.seq[: self._prepared.n].tolist())
+        decode(self, started)
 
-    monkeypatch.setattr(LlamaRunner, "_engine_decode", recording)
+    monkeypatch.setattr(LlamaEngine, "decode", recording)
     r = load(STORIES, "old", num_parallel=4, num_ctx=256)
     try:
         assert_parallel_matches_serial(r, ["Once upon a time", "The little dog", "Lily wanted to", "One day a bird"], 24)
@@ -371,7 +371,7 @@ def test_an_embedding_leaves_a_warm_chat_slot_alone_while_another_is_free(engine
 
 
 class _DecodeCounter:
-    """Counts the forward passes an engine runs (llama.cpp's llama_decode; our Model.compute)."""
+    """Counts the forward passes an engine runs (llama.cpp's llama_decode; our Model.execute)."""
 
     def __init__(self, r, monkeypatch):
         self.calls = 0
@@ -387,14 +387,14 @@ class _DecodeCounter:
 
             monkeypatch.setattr(lr.L, "llama_decode", counting)
         else:
-            model = r._model
-            compute = model.compute
+            model = r.model_engine.model
+            execute = model.execute
 
-            def counting(batch):
+            def counting(*args):
                 self._count()
-                return compute(batch)
+                return execute(*args)
 
-            monkeypatch.setattr(model, "compute", counting)
+            monkeypatch.setattr(model, "execute", counting)
 
     def _count(self) -> None:
         self.calls += 1

@@ -14,7 +14,8 @@ import pytest
 
 from conftest import STORIES, TINYSTORIES
 from runner import config
-from runner.api import Options, ServerBusy
+from runner import LoadOptions
+from runner.api import ModelInfo, Options, ServerBusy
 from runner.server.scheduler import BUSY_MESSAGE, Scheduler
 
 # resolved: the scheduler keys models by the real path of their file (shared/ may be a symlink)
@@ -25,15 +26,13 @@ class FakeRunner:
     engine = "fake"
     load_duration = 1
 
-    def __init__(self, name: str, options: Options, cfg: config.Config, log: list) -> None:
-        import runner
-
-        self.info = runner.model_info(runner.store.resolve(name, cfg))
-        self.num_ctx = options.num_ctx or cfg.context_length
-        self.num_parallel = cfg.num_parallel
+    def __init__(self, info: ModelInfo, plan: LoadOptions, cfg: config.Config, log: list) -> None:
+        self.info = info
+        self.num_ctx = plan.num_ctx
+        self.num_parallel = plan.num_parallel
         self.closed = threading.Event()
         self.log = log
-        log.append(("load", name, self.num_ctx))
+        log.append(("load", info.name, self.num_ctx))
 
     def close(self) -> None:
         self.closed.set()
@@ -42,7 +41,7 @@ class FakeRunner:
 
 def make(log: list, **cfg_values) -> Scheduler:
     cfg = dataclasses.replace(config.load({}), **cfg_values)
-    return Scheduler(cfg, load=lambda name, options, cfg: FakeRunner(name, options, cfg, log))
+    return Scheduler(cfg, load=lambda info, plan, cfg: FakeRunner(info, plan, cfg, log))
 
 
 def run(coro):
@@ -59,12 +58,12 @@ def test_requests_share_one_runner_and_reload_on_new_load_options():
 
     async def scenario():
         s = make(log)
-        m1 = await s.acquire(A, Options(), None)
-        m2 = await s.acquire(A, Options(temperature=0.1), None)  # sampling options: same runner
+        m1 = await s.acquire(s.resolve(A), Options(), None)
+        m2 = await s.acquire(s.resolve(A), Options(temperature=0.1), None)  # sampling options: same runner
         assert m1 is m2 and m1.refs == 2
         s.release(m1)
         s.release(m2)
-        m3 = await s.acquire(A, Options(num_ctx=256), None)  # load-time option: reload
+        m3 = await s.acquire(s.resolve(A), Options(num_ctx=256), None)  # load-time option: reload
         assert m3 is not m1 and m1.runner.closed.is_set()
         s.release(m3)
         await s.close()
@@ -78,8 +77,8 @@ def test_reload_waits_for_the_model_to_go_idle():
 
     async def scenario():
         s = make(log)
-        busy = await s.acquire(A, Options(), None)
-        waiter = asyncio.ensure_future(s.acquire(A, Options(num_ctx=128), None))
+        busy = await s.acquire(s.resolve(A), Options(), None)
+        waiter = asyncio.ensure_future(s.acquire(s.resolve(A), Options(num_ctx=128), None))
         await settle()
         assert not waiter.done() and not busy.runner.closed.is_set()
         s.release(busy)
@@ -97,9 +96,9 @@ def test_max_loaded_models_unloads_the_least_recently_used_idle_model():
     async def scenario():
         s = make(log, max_loaded_models=2)
         for name in (A, B):
-            s.release(await s.acquire(name, Options(), None))
-        s.release(await s.acquire(A, Options(), None))  # A is now the most recently used
-        s.release(await s.acquire(C, Options(), None))
+            s.release(await s.acquire(s.resolve(name), Options(), None))
+        s.release(await s.acquire(s.resolve(A), Options(), None))  # A is now the most recently used
+        s.release(await s.acquire(s.resolve(C), Options(), None))
         loaded = {m.name for m in s.loaded.values()}
         assert loaded == {A, "smollm2:135m"}
         await s.close()
@@ -113,8 +112,8 @@ def test_a_busy_model_is_not_evicted():
 
     async def scenario():
         s = make(log, max_loaded_models=1)
-        busy = await s.acquire(A, Options(), None)
-        waiter = asyncio.ensure_future(s.acquire(B, Options(), None))
+        busy = await s.acquire(s.resolve(A), Options(), None)
+        waiter = asyncio.ensure_future(s.acquire(s.resolve(B), Options(), None))
         await settle()
         assert not waiter.done() and A in s.loaded
         s.release(busy)
@@ -131,16 +130,16 @@ def test_keep_alive_zero_unloads_when_idle_and_negative_never_expires():
 
     async def scenario():
         s = make(log)
-        m = await s.acquire(A, Options(), 0)
+        m = await s.acquire(s.resolve(A), Options(), 0)
         assert A in {x.name for x in s.loaded.values()}
         s.release(m)
         assert m.key not in s.loaded  # out of service at once
         await settle()
         assert m.runner.closed.is_set()
-        forever = await s.acquire(B, Options(), -1)
+        forever = await s.acquire(s.resolve(B), Options(), -1)
         s.release(forever)
         assert forever.timer is None and forever.expires_at.year > 2200
-        short = await s.acquire(C, Options(), 0.05)
+        short = await s.acquire(s.resolve(C), Options(), 0.05)
         s.release(short)
         await asyncio.sleep(0.2)
         assert short.runner.closed.is_set() and short.key not in s.loaded
@@ -154,13 +153,13 @@ def test_queue_bound_answers_busy():
 
     async def scenario():
         s = make(log, num_parallel=1, max_queue=1)
-        first = await s.acquire(A, Options(), None)  # holds the only slot
-        second = await s.acquire(A, Options(), None)  # waits in the runner's queue
+        first = await s.acquire(s.resolve(A), Options(), None)  # holds the only slot
+        second = await s.acquire(s.resolve(A), Options(), None)  # waits in the runner's queue
         with pytest.raises(ServerBusy, match="maximum pending requests exceeded") as info:
-            await s.acquire(A, Options(), None)
+            await s.acquire(s.resolve(A), Options(), None)
         assert str(info.value) == BUSY_MESSAGE and info.value.status == 503
         s.release(second)
-        third = await s.acquire(A, Options(), None)  # room again
+        third = await s.acquire(s.resolve(A), Options(), None)  # room again
         for m in (first, third):
             s.release(m)
         await s.close()
@@ -172,14 +171,14 @@ def test_a_client_leaving_mid_load_does_not_leak_the_runner():
     log: list = []
     gate = threading.Event()
 
-    def slow_load(name, options, cfg):
+    def slow_load(info, plan, cfg):
         gate.wait(5)
-        return FakeRunner(name, options, cfg, log)
+        return FakeRunner(info, plan, cfg, log)
 
     async def scenario():
         cfg = dataclasses.replace(config.load({}))
         s = Scheduler(cfg, load=slow_load)
-        task = asyncio.ensure_future(s.acquire(A, Options(), 0))
+        task = asyncio.ensure_future(s.acquire(s.resolve(A), Options(), 0))
         await settle()
         task.cancel()
         await settle()
@@ -200,10 +199,10 @@ def test_shutdown_refuses_new_requests():
 
     async def scenario():
         s = make(log)
-        s.release(await s.acquire(A, Options(), None))
+        s.release(await s.acquire(s.resolve(A), Options(), None))
         await s.close()
         assert not s.loaded and log[-1][0] == "close"
         with pytest.raises(Exception, match="shutting down"):
-            await s.acquire(A, Options(), None)
+            await s.acquire(s.resolve(A), Options(), None)
 
     run(scenario())

@@ -103,14 +103,14 @@ class CausalCache:
     def init(self, backend: Any, dtype: str, max_sequences: int, capacity: int, max_batch: int) -> None:
         """See ``Cache.init``. ``dtype`` ``q8_0``/``q4_0`` needs flash attention: with
         ``permuted_v`` (the non-FA layout) V is scattered one element per row, which a quantized
-        type cannot hold; f16 is used then."""
+        type cannot hold: ValueError (the load plan falls back to f16 before asking)."""
         if dtype not in _KV_DTYPES:
             raise ValueError(f"unsupported KV cache type {dtype!r} (one of {', '.join(_KV_DTYPES)})")
         if self._config is None:
             self._config = backend.cache_config()
         if dtype not in ("f16", "f32") and self._config.permuted_v:
-            log.warning("KV cache type %s needs flash attention (V not permuted); using f16", dtype)
-            dtype = "f16"
+            raise ValueError(f"KV cache type {dtype} needs flash attention (V not permuted): "
+                             "runner.loadplan.kv_cache_type decides the type a load uses")
         self.backend = backend
         self.dtype = dtype
         self.max_batch = max_batch

@@ -1,8 +1,9 @@
 """The old engine: llama.cpp through llama-cpp-python's low-level API (Ollama's ``llamarunner``).
 
-One ``llama_context`` holds ``num_parallel`` KV streams of ``num_ctx`` cells each. The shared
-:class:`~runner.engine.BatchRunner` loop fills one ``llama_batch`` with the inputs of every live
-sequence; this class only adds tokens to that batch, decodes it and samples with llama.cpp's
+One ``llama_context`` holds ``num_parallel`` KV streams of ``num_ctx`` cells each. The batch
+loop (:class:`~runner.engine.BatchRunner`) holds this :class:`~runner.enginespec.Engine` and fills
+one ``llama_batch`` with the inputs of every live sequence; the engine only adds tokens to that
+batch, decodes it and samples with llama.cpp's
 sampler chain (penalties, top-k, typical, top-p, min-p, temperature, seeded draw; a GBNF grammar
 for ``format``). Greedy requests without a format take the shared NumPy sampler instead (the
 same penalties and argmax, without the chain's per-token copy of every candidate).
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import random
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -21,10 +22,9 @@ import llama_cpp as L
 import numpy as np
 
 from .. import ggufmeta
-from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
+from ..api import Grammar, InvalidModel, InvalidRequest, LoadError, ModelInfo, Options
 from ..embedding import MAX_LANES, batch_size
-from ..engine import BatchRunner, Sequence
-from ..inputcache import InputCache
+from ..loadplan import LoadOptions
 from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
 from .cache import LlamaKv
@@ -141,28 +141,21 @@ class _Batch:
         return first
 
 
-class LlamaRunner(BatchRunner):
-    engine = "old"
-    per_sequence_batch = True
-    batch_in_slot_order = True  # llama.cpp splits a batch wherever the slot ids stop being consecutive
+class LlamaEngine:
+    """:class:`runner.enginespec.Engine` over llama.cpp."""
 
-    def __init__(
-        self,
-        info: ModelInfo,
-        *,
-        num_ctx: int,
-        num_parallel: int,
-        num_batch: int,
-        num_thread: int,
-        multi_user: bool,
-        flash_attention: bool,
-        kv_cache_type: str,
-        use_mmap: bool,
-    ) -> None:
-        super().__init__(info, num_ctx, num_parallel, num_batch, multi_user)
+    name = "old"
+
+    def __init__(self, info: ModelInfo, load: LoadOptions) -> None:
+        num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
+        self.info = info
+        self.memory_size = 0  # llama.cpp does not say: runner.load's estimate stands
+        self.num_ctx, self.num_batch = num_ctx, num_batch
+        # every slot its own KV stream and num_batch tokens of each a decode (n_batch below)
+        self.batch_capacity = num_batch * num_parallel
         mparams = L.llama_model_default_params()
         mparams.n_gpu_layers = 0
-        mparams.use_mmap = use_mmap
+        mparams.use_mmap = load.use_mmap
         with _capture_llama_log() as captured:
             self._model = L.llama_model_load_from_file(info.path.encode(), mparams)
         if not self._model:
@@ -176,14 +169,14 @@ class LlamaRunner(BatchRunner):
         cparams.n_batch = num_batch * num_parallel
         cparams.n_ubatch = num_batch
         cparams.n_seq_max = num_parallel
-        cparams.n_threads = cparams.n_threads_batch = num_thread
+        cparams.n_threads = cparams.n_threads_batch = load.num_thread
         cparams.embeddings = False
         cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
         cparams.swa_full = False  # sliding-window layers keep their window, not the whole context
         cparams.no_perf = True
         # flash attention and the KV cache type as runner.loadplan resolved them
-        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[kv_cache_type]
+        cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if load.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[load.kv_cache_type]
         with _capture_llama_log() as captured:
             self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -192,9 +185,11 @@ class LlamaRunner(BatchRunner):
                 f"cannot create a context of {num_ctx}×{num_parallel} tokens for {info.name}: "
                 f"{_load_failure_reason(captured.lines)}"
             )
-        self._batch = _Batch(num_batch * num_parallel)
-        self._kv = LlamaKv(self._ctx, self._model)
-        self.cache = InputCache(self._kv, num_ctx * num_parallel, num_parallel, multi_user)
+        self._batches = (_Batch(num_batch * num_parallel), _Batch(num_batch * num_parallel))
+        self._flip = 0
+        self._batch = self._batches[0]  # the batch being built
+        self._prepared: _Batch | None = None  # the batch the next decode evaluates
+        self.kv = LlamaKv(self._ctx, self._model)
         self._pieces: dict[int, bytes] = {}
         self._n_embd = L.llama_model_n_embd(self._model)
         self._unencodable = _spm_missing_bytes(info)
@@ -220,7 +215,6 @@ class LlamaRunner(BatchRunner):
         return self._special
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        self._check_open()
         if self._unencodable is not None:
             self._unencodable.check(text)
         return llama_tokenize(self._vocab, text, add_special, parse_special)
@@ -240,43 +234,56 @@ class LlamaRunner(BatchRunner):
         return bool(L.llama_vocab_is_eog(self._vocab, token))
 
     # ----------------------------------------------------------------------------- batch
-    def _engine_batch_begin(self) -> None:
+    def batch_begin(self) -> None:
+        # two llama_batch buffers in turn: the one decoding is not touched while the next fills
+        self._flip ^= 1
+        self._batch = self._batches[self._flip]
         self._batch.n = 0
 
-    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
-        return self._batch.add(tokens, pos, seq_id, False)
+    def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
+        return self._batch.add(tokens, pos, seq_id, False) + len(tokens) - 1
 
-    def _engine_decode(self) -> None:
-        self._batch.struct.n_tokens = self._batch.n
-        rc = L.llama_decode(self._ctx, self._batch.struct)
+    def prepare(self) -> None:
+        self._prepared = self._batch  # llama.cpp places the batch when it decodes it
+
+    def fill(self, row: int, token: int) -> None:
+        assert self._prepared is not None
+        self._prepared.token[row] = token
+
+    def decode(self, started: threading.Event | None = None) -> None:
+        assert self._prepared is not None
+        batch, self._prepared = self._prepared, None
+        batch.struct.n_tokens = batch.n
+        if started is not None:
+            started.set()
+        rc = L.llama_decode(self._ctx, batch.struct)
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
 
-    def _engine_embed_lanes(self) -> EmbedContext:
+    def embed_lanes(self) -> EmbedContext:
         if self._embed is None:
             n = batch_size(self.num_batch)
             self._embed = EmbedContext(self._model, self._cparams, _Batch(n), num_ctx=self.num_ctx, num_batch=n,
                                        max_lanes=min(MAX_LANES, n), n_embd=self._n_embd)
         return self._embed
 
-    def _engine_logits(self, seq: Sequence) -> np.ndarray:
-        ptr = L.llama_get_logits_ith(self._ctx, seq.batch_index)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+    def logits(self, row: int) -> np.ndarray:
+        ptr = L.llama_get_logits_ith(self._ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     # --------------------------------------------------------------------------- sampling
-    def _engine_new_sampler(self, seq: Sequence) -> Any:
-        opts = seq.request.options
-        if opts.temperature <= 0 and seq.grammar is None:
+    def new_sampler(self, opts: Options, grammar: Grammar | None, prompt: list[int]) -> Any:
+        if opts.temperature <= 0 and grammar is None:
             # Greedy: the shared sampler (llama.cpp's penalties, then argmax) reads the logits in
             # place, where llama.cpp's chain first copies all n_vocab candidates: ~0.05 ms a token
             # instead of ~0.3 ms, time the batch loop otherwise spends between two decodes.
             greedy = Sampler(SamplerOptions.from_options(opts), num_ctx=self.num_ctx)
             if greedy.penalize:
-                greedy.accept_many(seq.prompt[-greedy.history.maxlen:])
+                greedy.accept_many(prompt[-greedy.history.maxlen:])
             return greedy
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if seq.grammar is not None:
-            g = init_sampler(self._vocab, seq.grammar)
+        if grammar is not None:
+            g = init_sampler(self._vocab, grammar)
             if not g:
                 L.llama_sampler_free(chain)
                 raise InvalidRequest("the format could not be compiled to a grammar")
@@ -303,23 +310,22 @@ class LlamaRunner(BatchRunner):
             seed = opts.seed if opts.seed >= 0 else random.getrandbits(32)
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         if penalties is not None:
-            for token in seq.prompt[-last_n:]:  # repeat penalties see the prompt (Ollama's Accept)
+            for token in prompt[-last_n:]:  # repeat penalties see the prompt (Ollama's Accept)
                 L.llama_sampler_accept(penalties, token)
         return chain
 
-    def _engine_free_sampler(self, sampler: Any) -> None:
+    def free_sampler(self, sampler: Any) -> None:
         if not isinstance(sampler, Sampler):
             L.llama_sampler_free(sampler)
 
-    def _engine_sample(self, seq: Sequence) -> int:
-        if isinstance(seq.sampler, Sampler):
-            ptr = L.llama_get_logits_ith(self._ctx, seq.batch_index)
-            token = seq.sampler.sample(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
-            seq.sampler.accept(token)
+    def sample(self, sampler: Any, row: int) -> int:
+        if isinstance(sampler, Sampler):
+            token = sampler.sample(self.logits(row))
+            sampler.accept(token)
             return token
-        return int(L.llama_sampler_sample(seq.sampler, self._ctx, seq.batch_index))
+        return int(L.llama_sampler_sample(sampler, self._ctx, row))
 
-    def _engine_close(self) -> None:
+    def close(self) -> None:
         if self._embed is not None:
             self._embed.close()
             self._embed = None
@@ -343,6 +349,3 @@ def llama_tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool
         n = L.llama_tokenize(vocab, data, len(data), buf, capacity, add_special, parse_special)
     return list(buf[:n])
 
-
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))

@@ -14,6 +14,7 @@ inputs instead of rebuilding the graph.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from runner.model.gguf_weights import GGUFFile, Weights
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "BatchInputs", "ForwardStats", "Model", "ModelLoadError"]
+__all__ = ["Batch", "BatchInputs", "ForwardStats", "Model", "ModelLoadError", "Prepared"]
 
 
 class ModelLoadError(RuntimeError):
@@ -105,6 +106,14 @@ class _Graph:
     ctx: GraphContext
     logits: GGMLTensor
     out: np.ndarray
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A batch placed in the cache with its graph ready, waiting for its token ids
+    (:meth:`Model.prepare`, then :meth:`Model.execute`)."""
+
+    graph: _Graph
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -235,6 +244,13 @@ class Model:
         The returned array is reused by the next call with the same graph: copy it to keep it.
         Raises ``runner.kvcache.KvCacheFull`` when the cache has no room (nothing changed), and
         ``ValueError`` for a batch larger than ``num_batch`` (call :meth:`init_cache` first)."""
+        return self.execute(self.prepare(batch), np.asarray(batch.tokens, dtype=np.int32))
+
+    def prepare(self, batch: Batch) -> Prepared:
+        """:meth:`compute`'s first half: place the batch in the cache and build (or reuse) its
+        graph with every input but the token ids (``batch.tokens`` may hold placeholders). May
+        run while the previous batch computes, once that one's inputs are uploaded; batches are
+        then executed in the order they were prepared."""
         t0 = time.perf_counter_ns()
         cache = self.cache
         if len(batch.tokens) > cache.max_batch:
@@ -251,7 +267,6 @@ class Model:
         else:
             self._graphs.move_to_end(key)
             ctx = graph.ctx
-            ctx.set_input("tokens", np.asarray(batch.tokens, dtype=np.int32))
             ctx.set_input("positions", np.asarray(batch.positions, dtype=np.int32))
             if ctx.has_input("outputs"):
                 ctx.set_input("outputs", np.asarray(batch.outputs, dtype=np.int32))
@@ -261,7 +276,16 @@ class Model:
             t2 = time.perf_counter_ns()
             self.stats.prepare_ns += t2 - t1
         self.stats.prepare_ns += t1 - t0
-        graph.ctx.compute(graph.logits)
+        return Prepared(graph)
+
+    def execute(self, prepared: Prepared, tokens: np.ndarray, started: threading.Event | None = None) -> np.ndarray:
+        """:meth:`compute`'s second half: set the token ids (int32 ``[n_tokens]``), compute, and
+        return the logits. ``started`` is set once the inputs are uploaded (the next
+        :meth:`prepare` may begin)."""
+        graph = prepared.graph
+        t2 = time.perf_counter_ns()
+        graph.ctx.set_input("tokens", tokens)
+        graph.ctx.compute(graph.logits, started=started)
         t3 = time.perf_counter_ns()
         graph.logits.read_into(graph.out)  # [n_vocab, n_outputs] f32 into the reused array
         t4 = time.perf_counter_ns()

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .runner import OllamaRunner, load_runner, supports
+from .runner import GGMLEngine, supports
 
-__all__ = ["OllamaRunner", "load_runner", "supports"]
+__all__ = ["GGMLEngine", "supports"]

@@ -1,4 +1,4 @@
-"""The new engine's runner: the shared batch loop over our GGML model and ``kvcache``.
+"""The new engine: :class:`runner.enginespec.Engine` over our GGML model and ``kvcache``.
 
 Differences from the old engine that matter (reference §2.3, §2.9): the *total* batch is capped
 at ``num_batch``; the KV cache is ours (cells shared by ``copy_prefix``, context shift by
@@ -9,17 +9,19 @@ penalties Ollama's new engine skipped.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import numpy as np
 
-from ..api import InvalidModel, LoadError, ModelInfo
+from ..api import Grammar, InvalidModel, LoadError, ModelInfo, Options
 from ..embedding import MAX_LANES, batch_size
-from ..engine import BatchRunner, Sequence
 from ..inputcache import InputCache, Slot
+from ..loadplan import LoadOptions
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
+from ..model.model import Prepared
 from ..model.models import Batch, ModelLoadError, supported_architectures
 from ..model.models import load as load_model
 from ..sample import Sampler, SamplerOptions
@@ -115,32 +117,36 @@ class _SeqSampler:
         return token
 
 
-class OllamaRunner(BatchRunner):
-    engine = "new"
-    per_sequence_batch = False
+class GGMLEngine:
+    """:class:`runner.enginespec.Engine` over our model code (``model``) and its KV cache."""
 
-    def __init__(self, info: ModelInfo, *, num_ctx: int, num_parallel: int, num_batch: int,
-                 num_thread: int, multi_user: bool, flash_attention: bool, kv_cache_type: str) -> None:
-        """``kv_cache_type`` and ``flash_attention`` as ``runner.loadplan`` resolved them (Ollama
-        leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so)."""
-        super().__init__(info, num_ctx, num_parallel, num_batch, multi_user)
-        fa, kv_type = flash_attention, kv_cache_type
+    name = "new"
+
+    def __init__(self, info: ModelInfo, load: LoadOptions) -> None:
+        """``load.kv_cache_type`` and ``load.flash_attention`` as ``runner.loadplan`` resolved them
+        (Ollama leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so)."""
+        num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
+        self.info = info
+        self.num_ctx = num_ctx
+        self.batch_capacity = num_batch  # one cell pool: num_batch tokens a decode in all
         try:
             self._tok = load_tokenizer(info.path)
-            self._model = load_model(info.path, BackendOptions(num_threads=num_thread, flash_attention=fa))
+            self.model = load_model(info.path, BackendOptions(num_threads=load.num_thread,
+                                                              flash_attention=load.flash_attention))
         except ModelLoadError as err:
             raise InvalidModel(str(err)) from None
         try:
-            self._model.init_cache(num_ctx * num_parallel, num_parallel, num_batch, kv_type)
+            self.model.init_cache(num_ctx * num_parallel, num_parallel, num_batch, load.kv_cache_type)
         except ModelLoadError as err:
-            self._model.close()
+            self.model.close()
             raise LoadError(str(err)) from None
-        self.memory_size = self._model.memory_size  # KV cache (all layers, windows sized) + compute
-        self.cache = InputCache(CacheKv(self._model.cache), num_ctx * num_parallel, num_parallel, multi_user)
+        self.memory_size = self.model.memory_size  # KV cache (all layers, windows sized) + compute
+        self.kv = CacheKv(self.model.cache)
         self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
         self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
-        self._lanes = _Lanes(self._model, self.cache.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
+        self._prepared: tuple[Prepared, np.ndarray, dict[int, int]] | None = None
+        self._lanes = _Lanes(self.model, self.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
         self._rows: dict[int, int] = {}
         self._out: np.ndarray | None = None
         bos = self._tok.token_text(self._tok.bos_id) if self._tok.bos_id is not None and self._tok.bos_id >= 0 else ""
@@ -157,7 +163,6 @@ class OllamaRunner(BatchRunner):
         return self._special
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        self._check_open()
         return self._tok.encode(text, add_special=add_special, parse_special=parse_special)
 
     def piece(self, token: int) -> bytes:
@@ -167,66 +172,71 @@ class OllamaRunner(BatchRunner):
         return self._tok.is_eog(token)
 
     # ----------------------------------------------------------------------------- batch
-    def _engine_batch_begin(self) -> None:
+    def batch_begin(self) -> None:
         self._batch = ([], [], [], [])
 
-    def _engine_batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
+    def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
         toks, positions, seqs, outputs = self._batch
         first = len(toks)
         toks.extend(tokens)
         positions.extend(range(pos, pos + len(tokens)))
         seqs.extend([seq_id] * len(tokens))
         outputs.append(first + len(tokens) - 1)
-        return first
+        return first + len(tokens) - 1
 
-    def _engine_decode(self) -> None:
+    def prepare(self) -> None:
         toks, positions, seqs, outputs = self._batch
         try:
-            out = self._model.compute(Batch(toks, positions, seqs, outputs))
+            prepared = self.model.prepare(Batch(toks, positions, seqs, outputs))
+        except Exception as err:
+            raise LoadError(f"forward pass failed: {err}") from err
+        rows = {index: row for row, index in enumerate(outputs)}
+        self._prepared = (prepared, np.asarray(toks, dtype=np.int32), rows)
+
+    def fill(self, row: int, token: int) -> None:
+        assert self._prepared is not None
+        self._prepared[1][row] = token
+
+    def decode(self, started: threading.Event | None = None) -> None:
+        assert self._prepared is not None
+        (prepared, tokens, rows), self._prepared = self._prepared, None
+        try:
+            out = self.model.execute(prepared, tokens, started)
         except Exception as err:
             raise LoadError(f"forward pass failed: {err}") from err
         self._out = out
-        self._rows = {index: row for row, index in enumerate(outputs)}
+        self._rows = rows
 
-    def _engine_logits(self, seq: Sequence) -> np.ndarray:
+    def logits(self, row: int) -> np.ndarray:
         assert self._out is not None
-        return self._out[self._rows[seq.batch_index]].copy()
+        return self._out[self._rows[row]]
 
-    def _engine_embed_lanes(self) -> _Lanes:
+    def embed_lanes(self) -> _Lanes:
         return self._lanes
 
     # --------------------------------------------------------------------------- sampling
-    def _engine_new_sampler(self, seq: Sequence) -> Any:
-        opts = seq.request.options
+    def new_sampler(self, opts: Options, grammar: Grammar | None, prompt: list[int]) -> Any:
         sampler = Sampler(SamplerOptions.from_options(opts), num_ctx=self.num_ctx)
         last_n = self.num_ctx if opts.repeat_last_n < 0 else opts.repeat_last_n
         if last_n:
-            sampler.accept_many(seq.prompt[-last_n:])  # repeat penalties see the prompt
-        grammar = None
-        if seq.grammar is not None:
+            sampler.accept_many(prompt[-last_n:])  # repeat penalties see the prompt
+        constrained = None
+        if grammar is not None:
             if self._vocab is None:
                 self._vocab = VocabOnly(self.info.path)
-            grammar = GrammarSampler(self._vocab, seq.grammar)
-        return _SeqSampler(sampler, grammar)
+            constrained = GrammarSampler(self._vocab, grammar)
+        return _SeqSampler(sampler, constrained)
 
-    def _engine_free_sampler(self, sampler: Any) -> None:
+    def free_sampler(self, sampler: Any) -> None:
         if sampler.grammar is not None:
             sampler.grammar.close()
 
-    def _engine_sample(self, seq: Sequence) -> int:
-        assert self._out is not None
-        return seq.sampler.sample(self._out[self._rows[seq.batch_index]])
+    def sample(self, sampler: Any, row: int) -> int:
+        return sampler.sample(self.logits(row))
 
-    def _engine_close(self) -> None:
+    def close(self) -> None:
         if self._vocab is not None:
             self._vocab.close()
             self._vocab = None
-        self._model.close()
+        self.model.close()
 
-
-def load_runner(info: ModelInfo, *, num_ctx: int, num_parallel: int, num_batch: int, num_thread: int,
-                multi_user: bool, flash_attention: bool, kv_cache_type: str) -> OllamaRunner:
-    """The new engine for ``info`` (its architecture must be one that :func:`supports`)."""
-    return OllamaRunner(info, num_ctx=num_ctx, num_parallel=num_parallel, num_batch=num_batch,
-                        num_thread=num_thread, multi_user=multi_user, flash_attention=flash_attention,
-                        kv_cache_type=kv_cache_type)

@@ -23,16 +23,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, AsyncIterator, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 import runner as _runner
+from runner import LoadOptions, store
 from runner import config as _config
-from runner import store
-from runner.api import Chunk, ModelInfo, ModelNotFound, Options, PollamaError, Runner, ServerBusy
+from runner.api import ModelInfo, ModelNotFound, Options, PollamaError, Runner, ServerBusy
+
+from .bridge import Inbox, Job, in_thread
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 BUSY_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
 FOREVER = timedelta(days=365 * 290)  # Go's time.Now().Add(math.MaxInt64) lands ~292 years out
@@ -56,114 +56,20 @@ def resolve(name: str, cfg: _config.Config) -> store.StoredModel:
         raise ModelNotFound(f'model "{name}" not found') from None
 
 
-# ------------------------------------------------------------------------------------ threads
-def in_thread(fn: Callable[..., T], *args: Any) -> "asyncio.Future[T]":
-    """Run ``fn(*args)`` in a fresh daemon thread; the future resolves on the calling loop.
+@dataclass(frozen=True, eq=False)
+class ResolvedModel:
+    """A request's model, resolved once: the store entry its name points to, what its GGUF says
+    about itself, and its Modelfile defaults (PARAMETERs, SYSTEM, MESSAGEs, TEMPLATE)."""
 
-    A thread per call (not the shared pool): runner calls block while they wait for a slot, and
-    hundreds of queued requests must not starve a bounded pool.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
+    name: str  # as the request named it
+    stored: store.StoredModel
+    info: ModelInfo
+    defaults: store.ModelDefaults
 
-    def settle(ok: bool, value: Any) -> None:
-        if future.done():
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def work() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as err:  # delivered to the awaiting task
-            _call_soon(loop, settle, False, err)
-        else:
-            _call_soon(loop, settle, True, result)
-
-    threading.Thread(target=work, name="pollama-call", daemon=True).start()
-    return future
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the loop is closed: the server is gone, nobody is listening
-        pass
-
-
-class Inbox:
-    """Items from runner threads to asyncio queues, with one event-loop wake-up per burst.
-
-    A runner's loop thread finishes a batch and hands each of its streams a chunk within a few
-    microseconds: the first item of a burst schedules one drain on the event loop, the rest ride
-    along. That keeps the threads that wake per token to one (the event loop), which matters on
-    a machine whose cores are all busy decoding.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue, Any]] = []
-
-    def post(self, queue: "asyncio.Queue[Any]", item: Any) -> None:
-        """Any thread: put ``item`` on ``queue`` (which belongs to the event loop) soon."""
-        with self._lock:
-            self._items.append((queue, item))
-            first = len(self._items) == 1
-        if first:
-            _call_soon(self._loop, self._drain)
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-        for queue, item in items:
-            queue.put_nowait(item)
-
-
-class Job:
-    """A runner stream (``generate``/``chat``) whose chunks the runner pushes onto the event loop.
-
-    ``start(deliver)`` runs in a short-lived thread, so the runner's eager validation (template
-    rendering, tokenization) never blocks the loop; it hands the request to the runner
-    (:meth:`Runner.submit`), whose loop thread then calls ``deliver`` per chunk. Its errors arrive
-    as the stream's first item. :meth:`cancel` sets the request's cancel event: the runner ends the
-    sequence at its next batch, frees the slot and delivers the last chunk, which marks the job
-    finished.
-    """
-
-    def __init__(self, start: Callable[[Callable[[Any], None]], None], cancel: threading.Event,
-                 inbox: Inbox) -> None:
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._inbox = inbox
-        self._cancel = cancel
-        self.finished = threading.Event()
-        threading.Thread(target=self._start, args=(start,), name="pollama-job", daemon=True).start()
-
-    def _start(self, start: Callable[[Callable[[Any], None]], None]) -> None:
-        try:
-            start(self._deliver)
-        except BaseException as err:
-            self._deliver(err)
-
-    def _deliver(self, item: Any) -> None:
-        if isinstance(item, BaseException) or (isinstance(item, Chunk) and item.done):
-            self.finished.set()
-        self._inbox.post(self._queue, item)
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    async def chunks(self) -> AsyncIterator[Chunk]:
-        """The runner's chunks up to the done one; its errors are raised here."""
-        while True:
-            item = await self._queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.done:
-                return
+    @property
+    def key(self) -> str:
+        """The resolved GGUF path: every name of one file shares one runner (``Scheduler.loaded``)."""
+        return str(self.stored.path)
 
 
 # ---------------------------------------------------------------------------------- scheduler
@@ -173,7 +79,7 @@ class LoadedModel:
     name: str
     stored: store.StoredModel
     runner: Runner
-    load_key: tuple
+    load_key: LoadOptions
     keep_alive: float  # seconds; < 0 forever, 0 unload when idle
     refs: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -193,9 +99,11 @@ class _InfoEntry:
 
 
 class Scheduler:
-    def __init__(self, cfg: _config.Config, load: Callable[..., Runner] | None = None) -> None:
+    def __init__(self, cfg: _config.Config,
+                 load: Callable[[ModelInfo, LoadOptions, _config.Config], Runner] | None = None) -> None:
+        """``load(info, load_options, cfg)`` starts a runner (``runner.load_resolved``)."""
         self.cfg = cfg
-        self._load_fn = load or _runner.load
+        self._load_fn = load or _runner.load_resolved
         self.loaded: dict[str, LoadedModel] = {}
         self._lock = asyncio.Lock()  # one load/unload decision at a time
         self._changed = asyncio.Event()  # replaced after each set: "refs or loaded models changed"
@@ -208,6 +116,11 @@ class Scheduler:
         self.closing = False
 
     # ------------------------------------------------------------------------------ lookups
+    def resolve(self, name: str) -> ResolvedModel:
+        """The model ``name`` points to (raises ModelNotFound / InvalidModel): once per request."""
+        stored = resolve(name, self.cfg)
+        return ResolvedModel(name, stored, self.model_info(stored), store.model_defaults(stored))
+
     def model_info(self, stored: store.StoredModel) -> ModelInfo:
         """``runner.model_info`` cached per file (reading a header takes a moment)."""
         key = str(stored.path)
@@ -221,15 +134,12 @@ class Scheduler:
             entry = self._infos[key] = _InfoEntry(stamp, _runner.model_info(stored))
         return entry.info
 
-    def load_key(self, info: ModelInfo, options: Options) -> tuple:
+    def load_key(self, info: ModelInfo, options: Options) -> LoadOptions:
         """What a loaded runner must match: the load-time options after defaults and clamps."""
-        num_ctx, num_batch, num_thread = _runner.resolve_load_options(info, options, self.cfg)
-        use_mmap = True if options.use_mmap is None else options.use_mmap
-        return (num_ctx, num_batch, num_thread, use_mmap)
+        return _runner.resolve_load_options(info, options, self.cfg)
 
-    def find(self, name: str) -> LoadedModel | None:
-        """The loaded model ``name`` resolves to, if any (raises ModelNotFound for unknown names)."""
-        stored = resolve(name, self.cfg)
+    def find(self, stored: store.StoredModel) -> LoadedModel | None:
+        """The loaded runner of ``stored``'s file, if any."""
         return self.loaded.get(str(stored.path))
 
     def waiting(self) -> int:
@@ -238,17 +148,15 @@ class Scheduler:
         return self._loading_waiters + queued
 
     # ------------------------------------------------------------------------------ acquire
-    async def acquire(self, name: str, options: Options, keep_alive: float | None) -> LoadedModel:
-        """A runner for one request; pair with :meth:`release`.
+    async def acquire(self, resolved: ResolvedModel, options: Options, keep_alive: float | None) -> LoadedModel:
+        """A runner for one request for ``resolved`` (:meth:`resolve`); pair with :meth:`release`.
 
-        Raises ModelNotFound/InvalidModel (the name), ServerBusy (queue full), LoadError.
+        Raises ServerBusy (queue full), LoadError.
         """
         if self.closing:
             raise ShuttingDown("server is shutting down")
-        stored = resolve(name, self.cfg)
-        info = self.model_info(stored)
-        key = str(stored.path)
-        want = self.load_key(info, options)
+        key = resolved.key
+        want = self.load_key(resolved.info, options)
         keep = self.cfg.keep_alive if keep_alive is None else keep_alive
         model = self.loaded.get(key)
         if model is not None and model.load_key == want and not model.unloading:
@@ -261,12 +169,12 @@ class Scheduler:
         self._loading_waiters += 1
         try:
             async with self._lock:
-                return await self._acquire_locked(name, stored, key, options, want, keep)
+                return await self._acquire_locked(resolved, want, keep)
         finally:
             self._loading_waiters -= 1
 
-    async def _acquire_locked(self, name: str, stored: store.StoredModel, key: str, options: Options,
-                              want: tuple, keep: float) -> LoadedModel:
+    async def _acquire_locked(self, resolved: ResolvedModel, want: LoadOptions, keep: float) -> LoadedModel:
+        key = resolved.key
         while True:
             if self.closing:
                 raise ShuttingDown("server is shutting down")
@@ -289,7 +197,7 @@ class Scheduler:
                 continue
             break
         # Load in a task of its own: a client that leaves mid-load must not leak the runner.
-        task = asyncio.ensure_future(self._load(name, stored, key, options, want, keep))
+        task = asyncio.ensure_future(self._load(resolved, want, keep))
         try:
             model = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -306,14 +214,14 @@ class Scheduler:
         if model.refs == 0:
             self._arm(model)
 
-    async def _load(self, name: str, stored: store.StoredModel, key: str, options: Options,
-                    want: tuple, keep: float) -> LoadedModel:
+    async def _load(self, resolved: ResolvedModel, want: LoadOptions, keep: float) -> LoadedModel:
+        stored = resolved.stored
         log.info("loading model %s (num_ctx=%d, num_batch=%d, num_thread=%d, parallel=%d)",
-                 stored.name, want[0], want[1], want[2], self.cfg.num_parallel)
-        loaded_runner = await in_thread(self._load_fn, name, options, self.cfg)
-        model = LoadedModel(key=key, name=stored.name, stored=stored, runner=loaded_runner,
+                 stored.name, want.num_ctx, want.num_batch, want.num_thread, want.num_parallel)
+        loaded_runner = await in_thread(self._load_fn, resolved.info, want, self.cfg)
+        model = LoadedModel(key=resolved.key, name=stored.name, stored=stored, runner=loaded_runner,
                             load_key=want, keep_alive=keep)
-        self.loaded[key] = model
+        self.loaded[resolved.key] = model
         log.info("loaded %s in %.2fs (%s engine)", stored.name, loaded_runner.load_duration / 1e9,
                  loaded_runner.engine)
         self._notify()

@@ -32,7 +32,8 @@ from runner.api import (
 from runner.thinking import think_on
 
 from .disconnect import client_gone
-from .scheduler import LoadedModel, Scheduler, ShuttingDown, in_thread, resolve
+from .bridge import in_thread
+from .scheduler import LoadedModel, ResolvedModel, Scheduler, ShuttingDown, resolve
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +62,15 @@ def check_top_logprobs(value: int) -> None:
         raise InvalidRequest(f"top_logprobs must be between 0 and {_MAX_TOP_LOGPROBS}")
 
 
-def build_options(stored: store.StoredModel, values: Mapping[str, Any] | None) -> Options:
+def build_options(model: ResolvedModel, values: Mapping[str, Any] | None) -> Options:
     """Ollama's merge order: defaults → the model's PARAMETERs → the request's ``options``."""
     base = Options()
-    defaults = store.model_defaults(stored)
+    defaults = model.defaults
     if defaults.params:
         try:
             base = base.merged(defaults.params)
         except PollamaError as err:
-            log.warning("ignoring the params of %s: %s", stored.name, err)
+            log.warning("ignoring the params of %s: %s", model.stored.name, err)
     if values is not None and not isinstance(values, Mapping):
         raise InvalidRequest("options must be an object")
     options = base.merged(values)
@@ -124,22 +125,27 @@ class Service:
         return self.scheduler.cfg
 
     def resolve(self, name: str) -> store.StoredModel:
+        """The store entry ``name`` points to (for listings and ``show``)."""
         if not name:
             raise InvalidRequest("model is required")
         return resolve(name, self.cfg)
 
+    def model(self, name: str) -> ResolvedModel:
+        """A request's model, resolved once (its file, header and Modelfile defaults)."""
+        if not name:
+            raise InvalidRequest("model is required")
+        return self.scheduler.resolve(name)
+
     async def preload(self, name: str, options: Mapping[str, Any] | None,
                       keep_alive: float | None) -> None:
         """An empty prompt: load the model (or keep it loaded) and return."""
-        stored = self.resolve(name)
-        opts = build_options(stored, options)
-        model = await self.scheduler.acquire(name, opts, keep_alive)
+        resolved = self.model(name)
+        model = await self.scheduler.acquire(resolved, build_options(resolved, options), keep_alive)
         self.scheduler.release(model)
 
     async def unload(self, name: str) -> None:
         """An empty prompt with keep_alive 0: unload now (or when its requests finish)."""
-        self.resolve(name)  # unknown names are 404 even when nothing is loaded
-        model = self.scheduler.find(name)
+        model = self.scheduler.find(self.resolve(name))  # unknown names are 404 even when nothing is loaded
         if model is not None:
             await self.scheduler.expire(model)
 
@@ -147,18 +153,18 @@ class Service:
                      keep_alive: float | None, chat: bool, t0: int, outcome: Outcome) -> AsyncIterator[Chunk]:
         """Schedule and run one generate/chat; the final chunk's metrics carry load and total
         durations measured from ``t0`` (the handler's start). Errors raise from the iterator."""
-        stored = self.resolve(name)
-        request.options = build_options(stored, raw_options)
-        defaults = store.model_defaults(stored)
+        resolved = self.model(name)
+        request.options = build_options(resolved, raw_options)
+        defaults = resolved.defaults
         if request.system is None:
             request.system = defaults.system
         if chat and defaults.messages:  # the model's MESSAGEs start every conversation
             request.messages = store.starting_messages(defaults, list(request.messages or []))
         # chosen for the model named: models with one GGUF share a runner, not their TEMPLATE
-        request.chat_template = prompt.select(request.template, self.scheduler.model_info(stored))
+        request.chat_template = prompt.select(request.template, resolved.info)
         check_features(name, request)
         check_top_logprobs(request.top_logprobs)
-        model = await self.scheduler.acquire(name, request.options, keep_alive)
+        model = await self.scheduler.acquire(resolved, request.options, keep_alive)
         outcome.model = model
         outcome.load_duration = now_ns() - t0
         job = None
@@ -205,9 +211,8 @@ class Service:
         The work stops at the runner's next batch when the client disconnects (the inputs not
         yet evaluated never are) or the server shuts down; the model stays in use until the
         runner has let go of it, so keep-alive and eviction see the truth."""
-        stored = self.resolve(name)
-        opts = build_options(stored, raw_options)
-        model = await self.scheduler.acquire(name, opts, keep_alive)
+        resolved = self.model(name)
+        model = await self.scheduler.acquire(resolved, build_options(resolved, raw_options), keep_alive)
         load_ns = now_ns() - t0
         if not texts:
             self.scheduler.release(model)

@@ -19,13 +19,13 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from runner.cpus import default_threads
 from runner.memory import available_memory
 from runner.ml.backend import BackendOptions, CacheConfig
 
@@ -464,14 +464,16 @@ class GraphContext:
     def n_nodes(self) -> int:
         return g.ggml_graph_n_nodes(self.graph)
 
-    def compute(self, *outputs: GGMLTensor) -> None:
+    def compute(self, *outputs: GGMLTensor, started: threading.Event | None = None) -> None:
+        """Run the graph up to ``outputs``. ``started`` is set once the inputs are uploaded: from
+        then on :meth:`set_input` (for the next run) no longer affects this one."""
         for t in outputs:
             g.ggml_set_output(t.ptr)
             g.ggml_build_forward_expand(self.graph, t.ptr)
             self._outputs.append(t)
         if self.n_nodes >= self.max_nodes:
             raise MemoryError(f"graph too large: {self.n_nodes} nodes (max {self.max_nodes})")
-        self.backend._compute(self)
+        self.backend._compute(self, started)
 
     def reserve(self, *outputs: GGMLTensor) -> int:
         """Size the shared allocator for this graph without running it; returns its bytes."""
@@ -576,15 +578,6 @@ def _repackable(w: GGMLTensor, buft: int, dev: int) -> bool:
 
 
 # --------------------------------------------------------------------------------------- backend
-def default_threads() -> int:
-    """Cores this process may run on (llama.cpp uses the physical cores; with SMT siblings we
-    cannot tell them apart portably, so take the affinity count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 class GGMLBackend:
     """The GGML CPU backend (implements ``runner.ml.backend.Backend``)."""
 
@@ -650,11 +643,13 @@ class GGMLBackend:
                 raise MemoryError("cannot allocate the compute buffer for the worst-case graph")
             return self.compute_buffer_size
 
-    def _compute(self, ctx: GraphContext) -> None:
+    def _compute(self, ctx: GraphContext, started: threading.Event | None = None) -> None:
         with self._lock:
             if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
                 raise MemoryError("cannot allocate the compute graph")
             ctx._upload_inputs()
+            if started is not None:
+                started.set()
             status = g.ggml_backend_graph_compute(self.ptr, ctx.graph)
         if status != g.GGML_STATUS_SUCCESS:
             raise RuntimeError(f"ggml_backend_graph_compute failed with status {status}")

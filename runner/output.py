@@ -1,0 +1,137 @@
+"""Sampled token -> text chunks: stop sequences, partial UTF-8, logprobs, num_predict, metrics.
+
+One :class:`Output` per sequence (reference §1.6). The batch loop hands it each sampled token
+with the token's bytes; it holds text back while it may still be the start of a stop sequence or
+of a UTF-8 character, cuts the text at a stop, counts towards ``num_predict``, splits the reply
+into thinking / content / tool calls (:mod:`runner.reply`) and puts :class:`runner.api.Chunk` s
+on its ``sink``. Plain Python over bytes: testable without a model.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import reply as _reply
+from .api import Chunk, DoneReason, Metrics, TokenLogprob
+from .text import contains_stop_suffix, decode_flush, find_stop, incomplete_utf8, truncate_stop
+
+_now = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the loop does after a token: go on (``done`` None: the token is the next input), or
+    end the sequence with ``done``. ``drop``: tokens to take off the end of the slot's cached
+    history, because the stop sequence that ended the sequence began that many tokens back."""
+
+    done: DoneReason | None = None
+    drop: int = 0
+
+
+GO_ON = Verdict()
+
+
+@dataclass(eq=False)
+class Output:
+    """A sequence's output so far, and the text it still holds back."""
+
+    stops: list[bytes]
+    num_predict: int  # > 0: at most this many tokens (the loop bounds it); <= 0: no limit
+    reply: _reply.ReplyParser | None = None  # splits the output into thinking, content, tool calls
+    top_logprobs: int | None = None  # None: no logprobs; else alternatives listed per token
+    t_request: int = field(default_factory=_now)
+    sink: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item)
+    generated: list[int] = field(default_factory=list)
+    num_predicted: int = 0
+    pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    cached: int = 0  # prompt tokens found in the slot
+    evaluated: int = 0  # prompt tokens evaluated
+    t_start: int = 0
+    t_first: int = 0
+    t_last: int = 0
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.top_logprobs is not None
+
+    def started(self, cached: int, evaluated: int) -> None:
+        """The sequence took a slot holding ``cached`` prompt tokens; ``evaluated`` remain."""
+        self.cached, self.evaluated, self.t_start = cached, evaluated, _now()
+
+    def token(self, token: int, piece: bytes, eog: bool, logprob: TokenLogprob | None = None) -> Verdict:
+        """Take one sampled ``token`` (its bytes ``piece``; ``eog``: it ends generation;
+        ``logprob`` when :attr:`wants_logprobs`). Sends the text that is certain by now."""
+        now = _now()
+        if not self.t_first:
+            self.t_first = now
+        self.t_last = now
+        self.num_predicted += 1
+        if eog:
+            return Verdict(DoneReason.STOP)
+        self.generated.append(token)
+        if logprob is not None:
+            self.pending_logprobs.append(logprob)
+        self.pending_pieces.append(piece)
+        joined = b"".join(self.pending_pieces)
+        stop = find_stop(joined, self.stops)
+        if stop is not None:
+            return Verdict(DoneReason.STOP, self._cut_at_stop(stop))
+        if self.num_predict > 0 and self.num_predicted >= self.num_predict:
+            return Verdict(DoneReason.LENGTH)
+        if contains_stop_suffix(joined, self.stops) or incomplete_utf8(joined):
+            return GO_ON
+        self.flush()
+        return GO_ON
+
+    def _cut_at_stop(self, stop: bytes) -> int:
+        """Trim the held-back text at ``stop`` and the generated tokens to match (§1.6); returns
+        how many tokens of the slot's history to drop (the last token is not in it yet)."""
+        orig = len(self.pending_pieces)
+        pieces, truncated = truncate_stop(self.pending_pieces, stop)
+        removed = orig - len(pieces)
+        self.pending_pieces = pieces
+        if self.pending_logprobs:
+            self.pending_logprobs = self.pending_logprobs[: max(len(self.pending_logprobs) - removed, 0)]
+        cut = removed + (1 if truncated or removed == 0 else 0)
+        del self.generated[max(len(self.generated) - cut, 0):]
+        return cut - 1
+
+    def flush(self, final: bool = False) -> None:
+        """Send the held-back output (``final``: the reply ended, so its parser holds nothing)."""
+        if not self.pending_pieces and not self.pending_logprobs and not (final and self.reply):
+            return
+        text = decode_flush(b"".join(self.pending_pieces))
+        chunk = Chunk(text=text, logprobs=self.pending_logprobs or None)
+        if self.reply is not None:
+            parts = self.reply.feed(text, final)
+            chunk.text, chunk.thinking, chunk.tool_calls = parts.content, parts.thinking, parts.tool_calls or None
+        self.pending_pieces, self.pending_logprobs = [], []
+        if chunk.text or chunk.thinking or chunk.tool_calls or chunk.logprobs or self.reply is None:
+            self.sink.put(chunk)
+
+    def metrics(self) -> Metrics:
+        end = self.t_last or _now()
+        first = self.t_first or end
+        return Metrics(
+            prompt_eval_count=self.evaluated,
+            prompt_cached_count=self.cached,
+            prompt_eval_duration=max(first - self.t_start, 0) if self.t_start else 0,
+            eval_count=self.num_predicted,
+            eval_duration=max(end - first, 0),
+            load_duration=0,
+            total_duration=_now() - self.t_request,
+        )
+
+    def final(self, reason: DoneReason, prompt: list[int]) -> Chunk:
+        """Flush what is held back (unless the client left) and make the last chunk, whose
+        ``context`` is ``prompt`` plus the generated tokens. The caller puts it on the sink."""
+        if reason is not DoneReason.CONNECTION_CLOSED:
+            self.flush(final=True)
+        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=prompt + self.generated)
+
+    def put(self, item: Chunk | BaseException) -> None:
+        self.sink.put(item)

@@ -1,0 +1,162 @@
+"""Request -> sequence: templating, system messages, context, truncation and options.
+
+:class:`Prompter` turns a :class:`runner.api.Request` into a :class:`Sequence` on the caller's
+thread, so a bad request fails where it was made (template errors, an empty prompt, a prompt too
+long with truncation off) before the batch loop sees it. A sequence carries what the loop needs
+to run it (prompt tokens, ``num_keep``, sampler settings, grammar) and its
+:class:`runner.output.Output`, which turns sampled tokens into chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import prompt as _prompt
+from . import reply as _reply
+from .api import ChatTemplate, Grammar, InvalidRequest, Message, PromptTooLong, Request
+from .enginespec import Engine
+from .inputcache import Slot
+from .output import Output
+from .sample.grammar import format_grammar
+from .sample.toolgrammar import tool_call_grammar
+from .templatefeatures import features as template_features
+from .text import decode_flush
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the runner (Go's ``Sequence``)."""
+
+    request: Request
+    prompt: list[int]  # the whole prompt after truncation
+    num_keep: int
+    output: Output
+    grammar: Grammar | None = None  # what the sampled tokens must follow (format, forced tool calls)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # filled in by the loop
+    slot: Slot | None = None
+    inputs: list[int] = field(default_factory=list)  # still to evaluate (not in any batch yet)
+    sampler: Any = None
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set() or self.request.cancel.is_set()
+
+
+class Prompter:
+    """Prepares requests for one loaded model (``engine``'s vocabulary, ``num_ctx`` tokens)."""
+
+    def __init__(self, engine: Engine, num_ctx: int) -> None:
+        self.engine = engine
+        self.num_ctx = num_ctx
+
+    def detokenize(self, tokens: list[int]) -> str:
+        n_vocab = self.engine.n_vocab
+        if any(not isinstance(t, int) or t < 0 or t >= n_vocab for t in tokens):
+            raise InvalidRequest(f"invalid token ids: they must be in [0, {n_vocab})")
+        return decode_flush(b"".join(self.engine.piece(t) for t in tokens))
+
+    def template(self, template: str | ChatTemplate | None) -> ChatTemplate:
+        return template if isinstance(template, ChatTemplate) else _prompt.select(template, self.engine.info)
+
+    def chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
+                    cancel: threading.Event | None, request: Request | None = None) -> tuple[str, list[int]]:
+        """The prompt for ``messages`` and its tokens, rendered with ``template`` (a chosen one,
+        text, or None for the model's) within one render budget for all the renders history
+        truncation takes; ``request``: its tools and ``think`` are rendered too."""
+        bos, eos = self.engine.special_tokens
+        chosen = self.template(template)
+        budget = _prompt.RenderBudget(cancel=cancel)
+        tools = request.tools if request is not None and request.tool_choice.mode != "none" else []
+        think = request.think if request is not None else None
+        add_bos = self.engine.add_bos
+
+        def render(msgs):
+            return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=add_bos,
+                                  tools=tools, think=think, budget=budget)
+
+        return _prompt.chat_prompt(messages, render, self.engine.tokenize, self.num_ctx, truncate)
+
+    def prepare(self, request: Request, chat: bool) -> Sequence:
+        """The sequence for ``request`` (``chat``: its messages, else its prompt). Raises
+        InvalidRequest / PromptTooLong / Cancelled (rendering was cancelled)."""
+        t0 = time.perf_counter_ns()
+        chosen = self.template(request.chat_template or request.template)
+        if chat:
+            messages = list(request.messages or [])
+            if request.system and not any(m.role == "system" for m in messages):
+                messages.insert(0, Message("system", request.system))
+            text, tokens = self.chat_prompt(messages, chosen, request.truncate, request.cancel, request)
+            return self._sequence(tokens, request, t0, text, chosen)
+        if request.raw:
+            text = request.prompt
+        else:
+            messages = []
+            if request.system:
+                messages.append(Message("system", request.system))
+            messages.append(Message("user", request.prompt))
+            text, tokens = self.chat_prompt(messages, chosen, False, request.cancel, request)
+            if not request.context:
+                return self._sequence(tokens, request, t0, text, chosen)
+        if request.context:
+            text = self.detokenize(list(request.context)) + text
+        return self._sequence(self.engine.tokenize(text), request, t0, text, None if request.raw else chosen)
+
+    def embed_inputs(self, texts: list[str], truncate: bool) -> list[list[int]]:
+        """The tokens of each text of an embedding request, cut to ``num_ctx`` when ``truncate``."""
+        inputs = []
+        for text in texts:
+            tokens = self.engine.tokenize(text)
+            if not tokens:
+                raise InvalidRequest("no input provided")
+            if len(tokens) > self.num_ctx:
+                if not truncate:
+                    raise PromptTooLong(
+                        f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
+                    )
+                tokens = tokens[: self.num_ctx]
+            inputs.append(tokens)
+        return inputs
+
+    def _sequence(self, tokens: list[int], request: Request, t0: int, text: str = "",
+                  template: ChatTemplate | None = None) -> Sequence:
+        if not tokens:
+            raise InvalidRequest("no input provided")
+        num_ctx = self.num_ctx
+        grammar = format_grammar(request.format)
+        reply = None
+        if template is not None:
+            found = template_features(template)
+            reply = _reply.for_request(request, found, text)
+            if request.tools and found.tools is not None and request.tool_choice.mode != "none" \
+                    and request.tool_grammar:
+                # forced: the whole answer is a call; auto: a call the model starts is well formed
+                if request.tool_choice.forced or grammar is None:
+                    grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
+                                                request.parallel_tool_calls)
+        opts = request.options
+        num_keep = opts.num_keep
+        if num_keep < 0:
+            num_keep = len(tokens)
+        num_keep = max(0, min(num_keep, num_ctx - 1))
+        if len(tokens) > num_ctx:
+            if not request.truncate:
+                raise PromptTooLong(
+                    f"the input length ({len(tokens)} tokens) exceeds the context length ({num_ctx})"
+                )
+            discard = len(tokens) - num_ctx
+            log.warning("truncating input prompt: limit %d, prompt %d, keep %d", num_ctx, len(tokens), num_keep)
+            tokens = tokens[:num_keep] + tokens[num_keep + discard :]
+        num_predict = opts.num_predict
+        if num_predict < 0 or num_predict > 10 * num_ctx:
+            num_predict = 10 * num_ctx
+        stops = [s.encode("utf-8") for s in opts.stop if s]
+        output = Output(stops, num_predict, reply=reply,
+                        top_logprobs=request.top_logprobs if request.logprobs else None, t_request=t0)
+        return Sequence(request, tokens, num_keep, output, grammar=grammar)
+
