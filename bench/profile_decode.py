@@ -46,6 +46,7 @@ from bench_decode import MODELS, STORY  # noqa: E402
 import runner  # noqa: E402
 from runner import config  # noqa: E402
 from runner.api import Options, Request  # noqa: E402
+from runner.output import Output  # noqa: E402
 
 _now = time.perf_counter_ns
 
@@ -130,12 +131,12 @@ def profile(model: str, engine: str, tokens: int, threads: int, greedy: bool, us
         req = Request(prompt=STORY, raw=True, cache_prompt=False, options=dataclasses.replace(opts, num_predict=n))
         seq = r._prepare(req, chat=False)
         if isinstance(stamped, Collected):
-            seq.out = stamped
+            seq.output.sink = stamped
             r._enqueue(seq)
             stamped.done.wait()
             return stamped.items[-1]
         if stamped is not None:
-            seq.out = stamped
+            seq.output.sink = stamped
         final = None
         for chunk in r._stream(seq):
             if chunk.done:
@@ -144,26 +145,49 @@ def profile(model: str, engine: str, tokens: int, threads: int, greedy: bool, us
 
     generate(16)  # warm-up
     t = Timers()
-    t.wrap(r, "_fill", "batch build")
-    t.wrap(r, "_engine_batch_begin", "batch build")
-    t.wrap(r, "_engine_sample", "sample")
+    eng = r.model_engine
+    t.wrap(r, "_build_batch", "batch build")  # includes the engine's prepare (timed apart too)
+    t.wrap(eng, "sample", "sample")
     t.wrap(r, "_on_token", "token")
-    t.wrap(r, "_flush", "flush")
-    fields = ("prepare_ns", "build_ns", "compute_ns", "read_ns")
-    decode_inner = r._engine_decode
+    flush_inner = Output.flush
 
-    def decode():  # the new engine's Model.stats split the forward call; per batch here
-        before = dataclasses.replace(r._model.stats) if engine == "new" else None
+    def flush(self, final=False):  # the Output class's flush, for every sequence
         t0 = _now()
         try:
-            decode_inner()
+            return flush_inner(self, final)
+        finally:
+            t.add("flush", _now() - t0)
+
+    Output.flush = flush
+    fields = ("prepare_ns", "build_ns", "compute_ns", "read_ns")
+    decode_inner = eng.decode
+
+    def decode(started=None):  # the new engine's Model.stats split the forward call; per batch here
+        before = dataclasses.replace(eng.model.stats) if engine == "new" else None
+        t0 = _now()
+        try:
+            decode_inner(started)
         finally:
             t.add("decode", _now() - t0)
             if before is not None:
                 for f in fields:
-                    t.add(f, getattr(r._model.stats, f) - getattr(before, f))
+                    t.add(f, getattr(eng.model.stats, f) - getattr(before, f))
 
-    r._engine_decode = decode
+    eng.decode = decode
+    prepare_inner = eng.prepare
+
+    def prepare():  # cache bookkeeping, graph inputs and graph builds happen here
+        before = dataclasses.replace(eng.model.stats) if engine == "new" else None
+        t0 = _now()
+        try:
+            prepare_inner()
+        finally:
+            t.add("prepare", _now() - t0)
+            if before is not None:
+                for f in fields:
+                    t.add(f, getattr(eng.model.stats, f) - getattr(before, f))
+
+    eng.prepare = prepare
     if use_cprofile:  # the loop thread runs under the profiler, one batch at a time
         prof = cProfile.Profile()
         inner = r._process_batch
@@ -193,15 +217,18 @@ def profile(model: str, engine: str, tokens: int, threads: int, greedy: bool, us
     if engine == "new":
         ggml = us("compute_ns")
         rows += [("decode: GGML compute", ggml),
-                 ("decode: cache bookkeeping + graph inputs", us("prepare_ns")),
-                 ("decode: graph build (amortised)", us("build_ns")),
+                 ("cache bookkeeping + graph inputs (Model.prepare/execute)", us("prepare_ns")),
+                 ("graph build (amortised)", us("build_ns")),
                  ("decode: logits readout", us("read_ns")),
-                 ("decode: Python around compute()", us("decode") - sum(us(f) for f in fields))]
+                 ("decode: Python around execute()", us("decode") - us("compute_ns") - us("read_ns"))]
+        prepare_rest = us("prepare") - us("prepare_ns") - us("build_ns")
+        rows += [("engine prepare: Python around Model.prepare", prepare_rest)]
     else:
         ggml = us("decode")
-        rows += [("decode: llama_decode (GGML compute + llama.cpp's bookkeeping)", ggml)]
+        rows += [("decode: llama_decode (GGML compute + llama.cpp's bookkeeping)", ggml),
+                 ("engine prepare", us("prepare"))]
     parts = us("batch build") + us("decode") + us("sample") + us("token")
-    rows += [("batch build", us("batch build")),
+    rows += [("batch build (rows, slot order, batch add)", us("batch build") - us("prepare")),
              ("sample (logits access, sampler, accept)", us("sample")),
              ("token: EOS, piece, stops, UTF-8 hold-back", us("token") - us("flush")),
              ("token: flush (decode bytes, chunk, queue put)", us("flush")),
