@@ -3,6 +3,7 @@ repetition penalties checked against llama.cpp's own ``llama_sampler_init_penalt
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -202,3 +203,131 @@ def test_typical_p_keeps_what_llama_cpp_keeps(typical_p: float, top_k: int) -> N
     assert 0 < len(want) < (top_k or n_vocab)
     assert list(logits[ids]) == sorted(logits[ids], reverse=True)  # still sorted by logit
     np.testing.assert_allclose(probs.sum(), 1.0)
+
+
+# --- the fast paths: the tokens a full sort of the vocabulary gives, without the sort ------------
+from runner.sample.samplers import top_ids  # noqa: E402
+
+
+def reference_candidates(logits: np.ndarray, o: SamplerOptions) -> tuple[np.ndarray, np.ndarray]:
+    """The slow path: a full stable sort of the vocabulary, the softmax (over the top_k
+    survivors, or over everything with the sampler's normaliser), then the top_p and min_p cuts."""
+    order = np.argsort(-logits, kind="stable")
+    temp = max(o.temperature, 1e-7)
+    if 0 < o.top_k < len(logits):
+        order = order[: o.top_k]
+        z = logits[order].astype(np.float64) / temp
+        probs = np.exp(z - z[0])
+        probs /= probs.sum()
+    else:
+        _, log_z = Sampler(o)._softmax_scale(logits)
+        probs = np.exp(logits[order].astype(np.float64) / temp - log_z)
+    if o.top_p < 1.0:
+        over = np.flatnonzero(np.cumsum(probs) > o.top_p)
+        if over.size:
+            order, probs = order[: over[0] + 1], probs[: over[0] + 1]
+    if o.min_p > 0.0:
+        below = np.flatnonzero(probs < probs[0] * o.min_p)
+        if below.size:
+            order, probs = order[: below[0]], probs[: below[0]]
+    return order, probs
+
+
+def reference_draws(logits: np.ndarray, o: SamplerOptions, n: int) -> list[int]:
+    """Seeded draws over the slow path's candidates (the sampler's own draw: one uniform number
+    per token, scaled by the candidates' total when a cut renormalises them)."""
+    ids, probs = reference_candidates(logits, o)
+    rng = np.random.default_rng(o.seed)
+    cum = np.cumsum(probs, dtype=np.float64)
+    total = cum[-1] if (0 < o.top_k < len(logits) or o.top_p < 1.0 or o.min_p > 0.0) else 1.0
+    return [int(ids[min(int(np.searchsorted(cum, rng.random() * total, side="left")), len(ids) - 1)])
+            for _ in range(n)]
+
+
+def vocab_logits(n: int, shape: str, seed: int) -> np.ndarray:
+    """Logits shaped like a model's: a few strong tokens over a long tail ("peaked"), or a flat
+    spread where the draw often lands deep in the sorted order ("flat")."""
+    rng = np.random.default_rng(seed)
+    if shape == "flat":
+        return (rng.standard_normal(n) * 0.7).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32) * 2.5
+    x[rng.choice(n, 30, replace=False)] += rng.uniform(6, 14, 30).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("n", [7, 1000, 49152, 262144])
+@pytest.mark.parametrize("k", [1, 3, 40, 256, 2048])
+def test_top_ids_is_the_stable_sort_prefix(n: int, k: int) -> None:
+    rng = np.random.default_rng(n + k)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    x[rng.choice(n, n // 3, replace=False)] = np.round(x[:n // 3], 1)  # many ties
+    np.testing.assert_array_equal(top_ids(x, k), np.argsort(-x, kind="stable")[:k])
+
+
+def test_top_ids_drops_masked_tokens_when_fewer_than_k_remain() -> None:
+    x = np.full(262144, -np.inf, dtype=np.float32)
+    x[[5, 100_000, 7]] = [1.0, 3.0, 1.0]
+    assert top_ids(x, 40).tolist() == [100_000, 5, 7]
+
+
+@pytest.mark.parametrize("shape", ["peaked", "flat"])
+@pytest.mark.parametrize(
+    "top_k,top_p,min_p,temperature",
+    [(40, 0.9, 0.0, 0.8), (0, 1.0, 0.0, 0.8), (0, 1.0, 0.0, 1.5), (0, 0.9, 0.0, 0.8), (0, 1.0, 0.05, 1.0),
+     (0, 0.95, 0.02, 0.7), (100, 1.0, 0.0, 1.0)],
+)
+def test_fast_paths_draw_the_tokens_a_full_sort_draws(shape: str, top_k: int, top_p: float, min_p: float,
+                                                      temperature: float) -> None:
+    """Same seed, same tokens as sorting the whole vocabulary per token. (A flat distribution
+    makes the prefix grow to most of the vocabulary: a smaller one keeps the test fast.)"""
+    n, draws = (262144, 120) if shape == "peaked" else (16384, 40)
+    logits = vocab_logits(n, shape, seed=top_k + int(top_p * 100))
+    o = opts(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=1234)
+    s = Sampler(o)
+    got = [s.sample(logits) for _ in range(draws)]
+    assert got == reference_draws(logits, o, draws)
+    assert len(set(got)) > 1
+
+
+def test_penalties_are_undone_and_read_only_logits_work() -> None:
+    rng = np.random.default_rng(8)
+    logits = (rng.standard_normal(5000) * 3).astype(np.float32)
+    before = logits.copy()
+    history = rng.integers(0, 5000, size=64).tolist() + [int(np.argmax(logits))] * 3
+    for o in (opts(temperature=0.0, repeat_penalty=1.3, frequency_penalty=0.5),
+              opts(temperature=0.9, top_k=40, repeat_penalty=1.3, seed=3),
+              opts(temperature=0.9, top_k=0, top_p=1.0, repeat_penalty=1.3, seed=3)):
+        a, b = Sampler(o), Sampler(o)
+        a.accept_many(history)
+        b.accept_many(history)
+        frozen = logits.copy()
+        frozen.flags.writeable = False
+        penalized = apply_penalties(logits, list(a.history), o.repeat_penalty, o.presence_penalty,
+                                    o.frequency_penalty)
+        c = Sampler(dataclasses.replace(o, repeat_penalty=1.0, frequency_penalty=0.0))
+        want = [c.sample(penalized) for _ in range(20)]
+        assert [a.sample(logits) for _ in range(20)] == want  # in place, then undone
+        assert [b.sample(frozen) for _ in range(20)] == want  # on a copy
+        np.testing.assert_array_equal(logits, before)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(40, 0.9), (0, 1.0), (0, 0.9)])
+def test_nan_or_masked_logits_are_refused(top_k: int, top_p: float) -> None:
+    s = Sampler(opts(temperature=0.8, top_k=top_k, top_p=top_p))
+    x = np.zeros(262144, dtype=np.float32)
+    x[77] = np.nan
+    with pytest.raises(ValueError):
+        s.sample(x)
+    with pytest.raises(ValueError):
+        s.sample(np.full(1000, -np.inf, dtype=np.float32))
+
+
+@pytest.mark.parametrize("shape", ["peaked", "flat"])
+@pytest.mark.parametrize("temperature", [0.3, 0.8, 1.5, 3.0])
+def test_softmax_normaliser_matches_float64(shape: str, temperature: float) -> None:
+    """The normaliser of the top_k-off path (float64 where the mass is, float32 for the tail)
+    against an all-float64 log-sum-exp."""
+    logits = vocab_logits(262144, shape, seed=3)
+    _, log_z = Sampler(opts(temperature=temperature, top_k=0, top_p=1.0))._softmax_scale(logits)
+    z = logits.astype(np.float64) / temperature
+    assert abs(log_z - (z.max() + np.log(np.exp(z - z.max()).sum()))) < 1e-7

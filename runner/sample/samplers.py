@@ -16,14 +16,19 @@ Order, as in Ollama's new engine, with llama.cpp's repetition penalties in front
 7. min_p: keep tokens with ``prob >= min_p * max_prob``;
 8. draw from what is left with the sampler's RNG (seeded: reproducible; ``seed=-1``: random).
 
-Work is proportional to what survives: top_k uses ``argpartition`` (O(vocab)), and with top_k
-off the sort is done on a growing candidate prefix until top_p/min_p are decided, so a 49k
-vocabulary is not fully sorted per token unless the distribution really is that flat.
+The draw (8) is a cumulative sum over the candidates sorted by logit and a seeded uniform
+number; the token is where the number lands. No step copies or sorts the vocabulary unless it
+must: greedy is ``argmax`` over the logits as given; penalties touch only the penalised
+entries (in place, undone after the pick); top_k is :func:`top_ids` (a vectorised threshold,
+then a sort of the few candidates); with top_k off, the sort is done on a growing sorted prefix
+until the top_p/min_p cut, or with no cut the draw itself, falls inside it (a sorted prefix has
+the full sort's cumulative sums, so the token is the one a full sort gives), and the softmax's
+normaliser is one float32 pass. A flat distribution may still need the whole vocabulary sorted.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -62,18 +67,60 @@ def apply_penalties(
 ) -> np.ndarray:
     """llama.cpp's penalties of ``recent`` tokens applied to a *copy* of ``logits`` (returned);
     returns ``logits`` itself when nothing applies."""
-    if len(recent) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+    changed = _penalized(logits, recent, repeat_penalty, presence_penalty, frequency_penalty)
+    if changed is None:
         return logits
-    ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
+    out = logits.copy()
+    out[changed[0]] = changed[1]
+    return out
+
+
+def _penalized(
+    logits: np.ndarray,
+    recent: Sequence[int] | np.ndarray,
+    repeat_penalty: float,
+    presence_penalty: float,
+    frequency_penalty: float,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The penalised tokens (unique ids) and their new logits, in ``logits``' dtype; None when
+    nothing applies. Only ``len(set(recent))`` values are touched, never the whole vocabulary."""
+    if len(recent) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
+        return None
+    seen = Counter(recent)  # a few dozen ids: ~2x faster than np.unique
+    ids = np.fromiter(seen.keys(), dtype=np.int64, count=len(seen))
+    counts = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
     keep = (ids >= 0) & (ids < len(logits))
     ids, counts = ids[keep], counts[keep]
-    out = logits.copy()
-    vals = out[ids]
+    vals = logits[ids]
     if repeat_penalty != 1.0:
         vals = np.where(vals <= 0, vals * repeat_penalty, vals / repeat_penalty)
     vals = vals - (counts * frequency_penalty + presence_penalty)
-    out[ids] = vals.astype(out.dtype, copy=False)
-    return out
+    return ids, vals.astype(logits.dtype, copy=False)
+
+
+def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the ``k`` largest logits, largest first, ties in id order: exactly
+    ``np.argsort(-logits, kind="stable")[:k]``, without sorting the vocabulary.
+
+    A threshold ``t`` no larger than the k-th largest logit picks the candidates
+    (``logits >= t``), and only those are sorted. ``t`` is the k-th largest of the maxima of
+    disjoint groups of the vocabulary (k groups each hold a logit >= t), one vectorised pass;
+    for small vocabularies or large k, the k-th largest logit itself (``np.partition``).
+    Tokens at -inf (masked by a grammar) are dropped when fewer than ``k`` are finite: they
+    have probability 0 at any temperature.
+    """
+    n = logits.shape[0]
+    if k >= n:
+        return np.argsort(-logits, kind="stable")
+    width = 1 << max(10, (8 * k - 1).bit_length())  # groups: a power of two, at least 8k
+    rows = n // width
+    if rows >= 4:
+        group_max = logits[: rows * width].reshape(rows, width).max(axis=0)
+        t = np.partition(group_max, width - k)[width - k]
+    else:
+        t = np.partition(logits, n - k)[n - k]
+    cand = np.flatnonzero(logits > -np.inf) if t == -np.inf else np.flatnonzero(logits >= t)
+    return cand[np.argsort(-logits[cand], kind="stable")][:k]
 
 
 class Sampler:
@@ -111,17 +158,45 @@ class Sampler:
 
     # --- sampling -------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray) -> int:
-        """The next token id for ``logits`` (1-D float array over the vocabulary; not modified).
+        """The next token id for ``logits`` (1-D float array over the vocabulary).
 
-        Raises ``ValueError`` for empty logits or logits that are all -inf/NaN."""
+        ``logits`` is left as it was: when it is writeable the penalties are applied to the few
+        penalised entries in place and undone before returning, so no vocabulary-sized copy is
+        made. Raises ``ValueError`` for empty logits or logits that are all -inf, or hold NaN
+        or +inf."""
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"sample: expected a 1-D logits vector, got shape {logits.shape}")
         o = self.options
+        changed = None
         if self.penalize and self.history:
-            logits = apply_penalties(logits, self.history, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+            changed = _penalized(logits, self.history, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+        if changed is None:
+            return self._pick(logits)
+        ids, vals = changed
+        if not logits.flags.writeable:
+            logits = logits.copy()
+            logits[ids] = vals
+            return self._pick(logits)
+        saved = logits[ids]
+        logits[ids] = vals
+        try:
+            return self._pick(logits)
+        finally:
+            logits[ids] = saved
+
+    def _pick(self, logits: np.ndarray) -> int:
         if self.temperature == 0.0:
             return int(np.argmax(logits))
-        ids, probs = self._candidates(logits)
+        if not np.isfinite(logits.max()):
+            raise ValueError("sample: logits are NaN, +inf or all -inf, check model output")
+        n = logits.shape[0]
+        if 0 < self.top_k < n or 0.0 < self.typical_p < 1.0:
+            ids, probs = self._candidates(logits)
+            return self._draw(ids, probs)
+        return self._draw_sorted_prefix(logits)
+
+    def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
+        """One seeded draw from candidates ``ids`` (sorted by logit) with weights ``probs``."""
         if probs.size == 0 or not np.isfinite(probs).all():
             raise ValueError("sample: logits sum to NaN, check model output")
         cum = np.cumsum(probs, dtype=np.float64)
@@ -129,19 +204,64 @@ class Sampler:
         idx = int(np.searchsorted(cum, r, side="left"))
         return int(ids[min(idx, len(ids) - 1)])
 
+    def _draw_sorted_prefix(self, logits: np.ndarray) -> int:
+        """top_k off: the draw a full sort by logit would give, from the shortest sorted prefix
+        that decides it. The cumulative probabilities of a sorted prefix are those of the full
+        sort, so the prefix decides when the top_p/min_p cut ends inside it, or (no cut) when the
+        draw lands inside it; else the prefix grows 8x. A flat distribution may end up sorting
+        everything; a peaked one sorts a few hundred tokens."""
+        n = logits.shape[0]
+        scale, log_z = self._softmax_scale(logits)
+        cut = self.top_p < 1.0 or self.min_p > 0.0
+        u = None if cut else self.rng.random()
+        m = min(n, 256)
+        while True:
+            ids = top_ids(logits, m)
+            probs = np.exp(logits[ids].astype(np.float64) / scale - log_z)
+            if cut:
+                cut_ids, cut_probs = self._cut(ids, probs)
+                if m >= n or len(cut_ids) < m:
+                    return self._draw(cut_ids, cut_probs)
+            else:
+                cum = np.cumsum(probs)
+                if m >= n or u < cum[-1]:
+                    idx = int(np.searchsorted(cum, u, side="left"))
+                    return int(ids[min(idx, len(ids) - 1)])
+            m = min(n, m * 8)
+
+    def _softmax_scale(self, logits: np.ndarray) -> tuple[float, float]:
+        """(temperature, log of the softmax's normaliser): ``p_i = exp(logit_i / temperature -
+        log_z)``. The tokens that carry the mass (within e^-9 of the best) are summed in
+        float64; the long tail comes from one float32 pass over the vocabulary (NumPy's float64
+        ``exp`` is ~20x slower), with the float32 rounding of ``1/temperature`` and of the
+        maximum corrected to first order. ``log_z`` is within ~1e-9 of an all-float64 softmax's."""
+        temp = max(self.temperature, 1e-7)
+        top = float(logits.max()) / temp
+        scale32, top32 = np.float32(1.0 / temp), np.float32(top)
+        shifted = np.empty(logits.shape, dtype=np.float32)
+        np.multiply(logits, scale32, out=shifted, dtype=np.float32)
+        np.subtract(shifted, top32, out=shifted)
+        heavy = np.flatnonzero(shifted > -9.0)
+        np.exp(shifted, out=shifted)
+        shifted[heavy] = 0.0
+        # exp(x*scale32 - top32) = exp(x/temp - top) * (1 + x*d_scale - d_top) to first order
+        tail = float(np.sum(shifted, dtype=np.float64))
+        if tail > 0.0:
+            finite = logits if np.isfinite(logits).all() else np.where(np.isfinite(logits), logits, 0)
+            moment = float(np.dot(shifted, finite))
+            tail = tail * (1.0 + (float(top32) - top)) - (float(scale32) - 1.0 / temp) * moment
+        z = tail + float(np.sum(np.exp(logits[heavy].astype(np.float64) / temp - top)))
+        return temp, top + float(np.log(z))
+
     def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids sorted by logit (descending) after top_k/top_p/min_p, and their
+        """Token ids sorted by logit (descending) after top_k/typical/top_p/min_p, and their
         probabilities (softmax at the temperature, over the top_k survivors)."""
         n = logits.shape[0]
         temp = max(self.temperature, 1e-7)
         k = self.top_k
         typical = 0.0 < self.typical_p < 1.0
         if 0 < k < n or typical:
-            if 0 < k < n:
-                part = np.argpartition(logits, n - k)[n - k :]
-                ids = part[np.argsort(-logits[part], kind="stable")]
-            else:
-                ids = np.argsort(-logits, kind="stable")
+            ids = top_ids(logits, k if 0 < k < n else n)
             if typical:
                 ids = self._typical(logits, ids)
             scaled = logits[ids].astype(np.float64) / temp
@@ -149,22 +269,12 @@ class Sampler:
             probs /= probs.sum()
             return self._cut(ids, probs)
         # top_k off: softmax over everything, sort only as much as top_p/min_p need
-        scaled = logits.astype(np.float64) / temp
-        e = np.exp(scaled - scaled.max())
-        all_probs = e / e.sum()
-        if self.top_p >= 1.0 and self.min_p <= 0.0:
-            ids = np.argsort(-logits, kind="stable")
-            return ids, all_probs[ids]
+        scale, log_z = self._softmax_scale(logits)
         m = min(n, 256)
         while True:
-            if m >= n:
-                ids = np.argsort(-logits, kind="stable")
-            else:
-                part = np.argpartition(logits, n - m)[n - m :]
-                ids = part[np.argsort(-logits[part], kind="stable")]
-            probs = all_probs[ids]
+            ids = top_ids(logits, m)
+            probs = np.exp(logits[ids].astype(np.float64) / scale - log_z)
             cut_ids, cut_probs = self._cut(ids, probs)
-            # decided when the cut ended inside the prefix (or the prefix is everything)
             if m >= n or len(cut_ids) < m:
                 return cut_ids, cut_probs
             m = min(n, m * 8)
