@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import embedding as _embedding
+from . import images as _images
 from . import prompt as _prompt
 from . import reply as _reply
 from .api import (
@@ -37,18 +38,20 @@ from .api import (
     DoneReason,
     Embedding,
     Grammar,
+    Image,
     InvalidRequest,
     LoadError,
     Message,
     Metrics,
     ModelInfo,
+    NoVision,
     PollamaError,
     PromptTooLong,
     Request,
     TokenLogprob,
 )
 from .embedding import EmbedJob, EmbedLanes
-from .inputcache import InputCache, ReprocessInputs, Slot
+from .inputcache import ImageInput, Input, InputCache, ReprocessInputs, Slot, image_end, image_start, text_tokens
 from .sample.grammar import format_grammar
 from .sample.toolgrammar import tool_call_grammar
 from .templatefeatures import features as template_features
@@ -71,7 +74,7 @@ class Sequence:
     """One request inside the runner (Go's ``Sequence``)."""
 
     request: Request
-    prompt: list[int]  # the whole prompt after truncation
+    prompt: list[Input]  # the whole prompt after truncation (token ids; an image's positions)
     num_keep: int
     num_predict: int
     stops: list[bytes]
@@ -82,8 +85,8 @@ class Sequence:
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the loop
     slot: Slot | None = None
-    inputs: list[int] = field(default_factory=list)  # still to evaluate
-    pending_inputs: list[int] = field(default_factory=list)  # in the batch being decoded
+    inputs: list[Input] = field(default_factory=list)  # still to evaluate
+    pending_inputs: list[Input] = field(default_factory=list)  # in the batch being decoded
     pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
@@ -165,6 +168,16 @@ class BatchRunner:
     def _engine_decode(self) -> None:
         raise NotImplementedError
 
+    def _engine_image_inputs(self, image: Image) -> list[Input]:
+        """The inputs ``image`` fills in a prompt (its wrapping tokens and one ImageInput per
+        position). Raises NoVision for a model without a projector."""
+        raise NoVision()
+
+    def _engine_decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
+        """Decode the whole image that starts with ``image`` at positions pos.. of ``seq_id``, at
+        once (the batch holds nothing yet; the loop adds its tokens after)."""
+        raise NoVision()
+
     def _engine_embed_lanes(self) -> EmbedLanes:
         """Where embedding inputs are evaluated (made on first use, on the loop thread)."""
         raise NotImplementedError
@@ -205,9 +218,11 @@ class BatchRunner:
         return self._chat_prompt(messages, template, truncate, cancel)[0]
 
     def _chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
-                     cancel: threading.Event | None, request: Request | None = None) -> tuple[str, list[int]]:
+                     cancel: threading.Event | None, request: Request | None = None,
+                     images: list[Image] | None = None) -> tuple[str, list[Input]]:
         """:meth:`render_chat`'s text and its tokens (``template``: a chosen one, or text;
-        ``request``: its tools and ``think`` are rendered too)."""
+        ``request``: its tools and ``think`` are rendered too; ``images``: the images the
+        messages' ``[img-N]`` tags name)."""
         bos, eos = self.special_tokens
         chosen = self._template(template)
         budget = _prompt.RenderBudget(cancel=cancel)
@@ -218,7 +233,26 @@ class BatchRunner:
             return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=self.add_bos,
                                   tools=tools, think=think, budget=budget)
 
-        return _prompt.chat_prompt(messages, render, self.tokenize, self.num_ctx, truncate)
+        return _prompt.chat_prompt(messages, render, self._prompt_tokenizer(images or []), self.num_ctx, truncate)
+
+    def _prompt_tokenizer(self, images: list[Image]) -> Callable[[str], list[Input]]:
+        """Tokenize a rendered prompt, with each ``[img-N]`` tag replaced by image N's inputs."""
+        if not images:
+            return self.tokenize
+        found: dict[str, list[Input]] = {}  # per image, once for all the renders truncation tries
+
+        def tokenize(text: str) -> list[Input]:
+            out: list[Input] = []
+            for piece in _images.split_prompt(text, images):
+                if isinstance(piece, str):
+                    out.extend(self.tokenize(piece, add_special=not out))
+                else:
+                    if piece.digest not in found:
+                        found[piece.digest] = self._engine_image_inputs(piece)
+                    out.extend(found[piece.digest])
+            return out
+
+        return tokenize
 
     def _template(self, template: str | ChatTemplate | None) -> ChatTemplate:
         return template if isinstance(template, ChatTemplate) else _prompt.select(template, self.info)
@@ -246,25 +280,32 @@ class BatchRunner:
         self._check_open()
         t0 = _now()
         chosen = self._template(request.chat_template or request.template)
+        if _images.has_images(request.messages if chat else None, () if chat else request.images) \
+                and not self.info.vision:
+            raise NoVision()
         if chat:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            text, tokens = self._chat_prompt(messages, chosen, request.truncate, request.cancel, request)
+            messages, images = _images.tag_messages(messages)
+            text, tokens = self._chat_prompt(messages, chosen, request.truncate, request.cancel, request, images)
             return self._new_sequence(tokens, request, t0, text, chosen)
+        images = list(request.images)
         if request.raw:
-            text = request.prompt
+            text = _images.tag_prompt(request.prompt, images) if images else request.prompt
         else:
             messages = []
             if request.system:
                 messages.append(Message("system", request.system))
-            messages.append(Message("user", request.prompt))
-            text, tokens = self._chat_prompt(messages, chosen, False, request.cancel, request)
+            messages.append(Message("user", request.prompt, images=images))
+            messages, images = _images.tag_messages(messages)
+            text, tokens = self._chat_prompt(messages, chosen, False, request.cancel, request, images)
             if not request.context:
                 return self._new_sequence(tokens, request, t0, text, chosen)
         if request.context:
             text = self.detokenize(list(request.context)) + text
-        return self._new_sequence(self.tokenize(text), request, t0, text, None if request.raw else chosen)
+        return self._new_sequence(self._prompt_tokenizer(images)(text), request, t0, text,
+                                  None if request.raw else chosen)
 
     def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
         """All of ``texts`` go to the loop as one job, evaluated several per decode."""
@@ -314,7 +355,7 @@ class BatchRunner:
         self._engine_close()
 
     # ------------------------------------------------------------------------ sequences
-    def _new_sequence(self, tokens: list[int], request: Request, t0: int, text: str = "",
+    def _new_sequence(self, tokens: list[Input], request: Request, t0: int, text: str = "",
                       template: ChatTemplate | None = None) -> Sequence:
         if not tokens:
             raise InvalidRequest("no input provided")
@@ -339,7 +380,8 @@ class BatchRunner:
                 raise PromptTooLong(
                     f"the input length ({len(tokens)} tokens) exceeds the context length ({self.num_ctx})"
                 )
-            discard = len(tokens) - self.num_ctx
+            num_keep = image_start(tokens, num_keep)  # images are kept or dropped whole
+            discard = image_end(tokens, num_keep + len(tokens) - self.num_ctx) - num_keep
             log.warning("truncating input prompt: limit %d, prompt %d, keep %d", self.num_ctx, len(tokens), num_keep)
             tokens = tokens[:num_keep] + tokens[num_keep + discard :]
         num_predict = opts.num_predict
@@ -493,8 +535,29 @@ class BatchRunner:
                 except ReprocessInputs as redo:
                     seq.inputs = redo.inputs + seq.inputs
                 continue
+            head = seq.inputs[0]
+            if isinstance(head, ImageInput):
+                # An image is decoded whole, before anything else is in the batch (its positions
+                # attend to what the cache holds before them); the tokens after it follow.
+                if added or total or seq.pending_inputs:
+                    break
+                if room < head.count:
+                    try:
+                        shifted = seq.request.shift and self.cache.shift_slot(seq.slot, seq.num_keep) > 0
+                    except ReprocessInputs as redo:
+                        seq.inputs = redo.inputs + seq.inputs
+                        continue
+                    if not shifted:
+                        self._finish(i, seq, DoneReason.LENGTH)
+                        return 0
+                    continue
+                self._engine_decode_image(head, used, seq.slot.id)
+                seq.slot.inputs.extend(seq.inputs[:head.count])
+                seq.inputs = seq.inputs[head.count:]
+                continue
             cap = self.num_batch - (added if self.per_sequence_batch else total + added)
             take = min(len(seq.inputs), room, cap)
+            take = next((k for k in range(take) if isinstance(seq.inputs[k], ImageInput)), take)
             if take <= 0:
                 break
             tokens = seq.inputs[:take]
@@ -587,7 +650,8 @@ class BatchRunner:
     def _finish(self, i: int, seq: Sequence, reason: DoneReason) -> None:
         if reason is not DoneReason.CONNECTION_CLOSED:
             self._flush(seq, final=True)
-        final = Chunk(done=True, done_reason=reason, metrics=self._metrics(seq), context=seq.prompt + seq.generated)
+        final = Chunk(done=True, done_reason=reason, metrics=self._metrics(seq),
+                      context=text_tokens(seq.prompt) + seq.generated)
         self._release(i, seq)  # before the caller sees done: its slot is already free
         seq.out.put(final)
 

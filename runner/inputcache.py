@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, Union
+from typing import Any, Protocol, Sequence, Union
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class ImageInput:
     digest: str  # hex sha256 of the image's bytes: its identity
     index: int
     count: int
+    # what the engine decodes the image from (libmtmd's chunk, an embedding): not compared
+    source: Any = field(default=None, compare=False, repr=False)
 
 
 Input = Union[int, ImageInput]

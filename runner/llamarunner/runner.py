@@ -21,14 +21,15 @@ import llama_cpp as L
 import numpy as np
 
 from .. import ggufmeta
-from ..api import InvalidModel, InvalidRequest, LoadError, ModelInfo
+from ..api import Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision
 from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
-from ..inputcache import InputCache
+from ..inputcache import ImageInput, Input, InputCache, text_tokens
 from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
 from .cache import LlamaKv
 from .embed import EmbedContext
+from .vision import Projector
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
@@ -203,6 +204,13 @@ class LlamaRunner(BatchRunner):
         self._special = (self._token_text(bos), self._token_text(eos))
         self._cparams = cparams  # the embedding context copies its threads, attention and KV type
         self._embed: EmbedContext | None = None
+        self.vision: Projector | None = None  # libmtmd, when the model has a projector
+        if info.projector:
+            try:
+                self.vision = Projector(info.projector, self._model, num_thread, self._n_embd)
+            except Exception:
+                self._engine_close()
+                raise
 
     # ----------------------------------------------------------------------------- vocab
     def _token_text(self, token: int) -> str:
@@ -252,6 +260,19 @@ class LlamaRunner(BatchRunner):
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
 
+    def _engine_image_inputs(self, image: Image) -> list[Input]:
+        if self.vision is None:
+            raise NoVision()
+        inputs = self.vision.image_inputs(image)
+        count = next((x.count for x in inputs if isinstance(x, ImageInput)), 0)
+        if count > self.num_batch:
+            raise InvalidRequest(f"an image takes {count} tokens in one batch: set num_batch to at least {count}")
+        return inputs
+
+    def _engine_decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
+        assert self.vision is not None
+        self.vision.decode(self._ctx, image.source, pos, seq_id, self.num_batch)
+
     def _engine_embed_lanes(self) -> EmbedContext:
         if self._embed is None:
             n = batch_size(self.num_batch)
@@ -272,7 +293,7 @@ class LlamaRunner(BatchRunner):
             # instead of ~0.3 ms, time the batch loop otherwise spends between two decodes.
             greedy = Sampler(SamplerOptions.from_options(opts), num_ctx=self.num_ctx)
             if greedy.penalize:
-                greedy.accept_many(seq.prompt[-greedy.history.maxlen:])
+                greedy.accept_many(text_tokens(seq.prompt)[-greedy.history.maxlen:])
             return greedy
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if seq.grammar is not None:
@@ -303,7 +324,7 @@ class LlamaRunner(BatchRunner):
             seed = opts.seed if opts.seed >= 0 else random.getrandbits(32)
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
         if penalties is not None:
-            for token in seq.prompt[-last_n:]:  # repeat penalties see the prompt (Ollama's Accept)
+            for token in text_tokens(seq.prompt)[-last_n:]:  # repeat penalties see the prompt (Ollama's Accept)
                 L.llama_sampler_accept(penalties, token)
         return chain
 
@@ -320,7 +341,10 @@ class LlamaRunner(BatchRunner):
         return int(L.llama_sampler_sample(seq.sampler, self._ctx, seq.batch_index))
 
     def _engine_close(self) -> None:
-        if self._embed is not None:
+        if getattr(self, "vision", None) is not None:
+            self.vision.close()
+            self.vision = None
+        if getattr(self, "_embed", None) is not None:
             self._embed.close()
             self._embed = None
         if getattr(self, "_ctx", None):

@@ -16,7 +16,7 @@ import numpy as np
 from ..api import InvalidModel, LoadError, ModelInfo
 from ..embedding import MAX_LANES, batch_size
 from ..engine import BatchRunner, Sequence
-from ..inputcache import InputCache, Slot
+from ..inputcache import InputCache, Slot, text_tokens
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
@@ -201,7 +201,7 @@ class OllamaRunner(BatchRunner):
         sampler = Sampler(SamplerOptions.from_options(opts), num_ctx=self.num_ctx)
         last_n = self.num_ctx if opts.repeat_last_n < 0 else opts.repeat_last_n
         if last_n:
-            sampler.accept_many(seq.prompt[-last_n:])  # repeat penalties see the prompt
+            sampler.accept_many(text_tokens(seq.prompt)[-last_n:])  # repeat penalties see the prompt
         grammar = None
         if seq.grammar is not None:
             if self._vocab is None:
