@@ -53,6 +53,9 @@ def test_show_says_vision_and_names_the_projector(server):
     shown = server.client.show("vis")
     assert "vision" in shown.capabilities and "completion" in shown.capabilities
     assert server.projector_digest.replace(":", "-") in shown.modelfile
+    raw = httpx.post(server.url + "/api/show", json={"model": "vis"}).json()
+    assert raw["projector_info"]["general.architecture"] == "clip"
+    assert raw["projector_info"]["clip.vision.projection_dim"] == 640
     assert "vision" not in server.client.show(str(STORIES)).capabilities
 
 
