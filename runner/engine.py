@@ -537,9 +537,10 @@ class BatchRunner:
                 continue
             head = seq.inputs[0]
             if isinstance(head, ImageInput):
-                # An image is decoded whole, before anything else is in the batch (its positions
-                # attend to what the cache holds before them); the tokens after it follow.
-                if added or total or seq.pending_inputs:
+                # An image is decoded whole, at once, before this sequence has anything in the
+                # batch (its positions attend to what the cache holds before them); the tokens
+                # after it follow. Other sequences' inputs in the batch are in other KV streams.
+                if added or seq.pending_inputs:
                     break
                 if room < head.count:
                     try:

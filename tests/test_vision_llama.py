@@ -163,3 +163,37 @@ def test_an_image_needs_a_batch_that_holds_it(gemma3, mmproj):  # noqa: F811
             r.generate(Request(prompt="x", images=[image_from_bytes(picture(32, 32))]))
     finally:
         r.close()
+
+
+def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj):  # noqa: F811
+    """Two slots, each with its own image, decoding in the same batches: each answer equals the
+    one it gets alone (an image decodes into its own KV stream while the other slot generates)."""
+    import threading
+
+    r = _load(gemma3, mmproj, num_ctx=256)
+    r2 = None
+    try:
+        opts = Options().merged({**GREEDY, "num_predict": 10})
+        prompts = [[Message("user", f"Picture {k}?", images=[image_from_bytes(picture(90, 70, seed=20 + k))])]
+                   for k in range(2)]
+        alone = [collect(r.chat(Request(messages=m, options=opts)))[0] for m in prompts]
+        r.close()
+        cfg = dataclasses.replace(config.load({}), new_engine=False)
+        r2 = runner.load(str(gemma3), Options().merged({"num_ctx": 256, "num_batch": 64}), cfg,
+                         num_parallel=2, projector=str(mmproj))
+        together: list[str] = ["", ""]
+
+        def ask(k: int) -> None:
+            together[k] = collect(r2.chat(Request(messages=prompts[k], options=opts)))[0]
+
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert together == alone
+        assert r2.vision.stats.encodes == 2
+    finally:
+        r.close()
+        if r2 is not None:
+            r2.close()
