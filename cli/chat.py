@@ -16,7 +16,7 @@ import runner
 from runner.api import Chunk, InvalidRequest, Message, Options, PollamaError, Request, coerce_option
 from runner.templatefeatures import features
 
-from . import render
+from . import imagefiles, render
 
 HELP = """Available Commands:
   /set            Set session variables
@@ -145,6 +145,15 @@ def parse_think(value: str | None) -> bool | str | None:
     raise InvalidRequest(f"invalid value for --think: {value!r} (use high, medium or low)")
 
 
+def attach_images(text: str, vision: bool) -> tuple[str, list]:
+    """The prompt without the image paths it names and the images, with Ollama's "Added image"
+    line for each on stderr. Raises PollamaError (one line) for a missing file or no vision."""
+    text, images, paths = imagefiles.attach_images(text, vision)
+    for path in paths:
+        render.notice(f"Added image '{path}'")
+    return text, images
+
+
 def check_think(model: str | None, loaded: runner.Runner, think: bool | str | None) -> None:
     """Refuse ``think`` for a model that does not reason (Ollama's message)."""
     if think not in (None, False) and features(runner.model_template(loaded.info)).thinking is None:
@@ -163,7 +172,8 @@ class Session:
     format: str | None = None
     think: bool | str | None = None
     hide_thinking: bool = False
-    load: Callable[[str | None, Options], runner.Runner] = runner.load
+    projector: str | None = None  # --mmproj: the vision projector of the model given by path
+    load: Callable[..., runner.Runner] = runner.load
 
     def print_history(self) -> None:
         """The conversation so far (a model's MESSAGEs), as Ollama shows it at the start."""
@@ -180,11 +190,12 @@ class Session:
         msgs = list(self.messages)
         if self.system:
             msgs = [Message("system", self.system)] + [m for m in msgs if m.role != "system"]
-        msgs.append(Message("user", text))
+        text, images = attach_images(text, self.runner.info.vision)
+        msgs.append(Message("user", text, images=images))
         request = Request(messages=msgs, options=self.request_options(), format=self.format, think=self.think)
         writer = render.StreamWriter(wordwrap=self.wordwrap)
         answer, final, thought = stream_response(self.runner.chat(request), writer, self.hide_thinking)
-        self.messages.append(Message("user", text))
+        self.messages.append(Message("user", text, images=images))
         self.messages.append(Message("assistant", answer, thinking=thought))
         if self.verbose and final is not None and final.metrics is not None:
             render.print_metrics(final.metrics, self.runner.engine)
@@ -239,7 +250,8 @@ class Session:
                 return
             if name == "num_ctx" and value != self.options.get("num_ctx"):
                 try:
-                    new = self.load(self.model, Options().merged({**self.options, "num_ctx": value}))
+                    new = self.load(self.model, Options().merged({**self.options, "num_ctx": value}),
+                                    projector=self.projector)
                 except PollamaError as err:
                     print(f"Couldn't set parameter: {err}")
                     return
@@ -349,7 +361,7 @@ class Session:
             render.error(str(err))
             return
         self.runner.close()
-        self.runner, self.model, self.messages = new, args[0], []
+        self.runner, self.model, self.messages, self.projector = new, args[0], [], None
 
 
 def _key_bindings() -> KeyBindings:

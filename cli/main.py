@@ -14,7 +14,7 @@ from runner.api import Message, Options, PollamaError, Request, coerce_option
 from runner.version import pollama_version
 
 from . import render
-from .chat import Session, check_think, parse_think, repl, stream_response
+from .chat import Session, attach_images, check_think, parse_think, repl, stream_response
 
 app = typer.Typer(
     add_completion=False,
@@ -103,8 +103,12 @@ def run(
     option: List[str] = typer.Option([], "--option", "-o", metavar="NAME=VALUE",
                                      help="Model option, e.g. -o num_ctx=8192 -o temperature=0 (repeatable)"),
     insecure: bool = typer.Option(False, "--insecure", help="Use an insecure registry when the model is pulled"),
+    mmproj: Optional[str] = typer.Option(None, "--mmproj", metavar="PROJ.gguf",
+                                         help="Vision projector for a .gguf model (llama.cpp's flag): "
+                                              "image paths in the prompt are attached"),
 ) -> None:
-    """Run a model: a chat REPL on a terminal, or a one-shot answer to PROMPT (or piped stdin)."""
+    """Run a model: a chat REPL on a terminal, or a one-shot answer to PROMPT (or piped stdin).
+    Image files named in the prompt (./cat.png, ~/a.jpg) go to a model with vision."""
     cfg = config.load()
     _setup_logging(cfg)
     if format not in (None, "", "json"):
@@ -133,7 +137,7 @@ def run(
         interactive = False
     try:
         with render.Spinner(enabled=interactive or None):
-            loaded = runner.load(model, options, cfg)
+            loaded = runner.load(model, options, cfg, projector=mmproj)
     except PollamaError as err:
         raise _fail(str(err))
     try:
@@ -142,7 +146,7 @@ def run(
             session = Session(model=model, runner=loaded, options={**defaults.params, **user_options},
                               verbose=verbose, wordwrap=not nowordwrap, format=format or None,
                               system=defaults.system, messages=list(defaults.messages),
-                              think=thinks, hide_thinking=hidethinking)
+                              think=thinks, hide_thinking=hidethinking, projector=mmproj)
             session.print_history()
             repl(session, nohistory=cfg.nohistory)
             loaded = session.runner
@@ -150,14 +154,16 @@ def run(
         text = " ".join(prompts)
         if not text.strip():
             return  # nothing to say: the model was loaded (Ollama's preload), done
+        text, images = attach_images(text, loaded.info.vision)
         writer = render.StreamWriter(wordwrap=not nowordwrap)
         if defaults.messages:  # the model's MESSAGEs start the conversation: a chat turn
-            messages = store.starting_messages(defaults, [Message("user", text)])
+            messages = store.starting_messages(defaults, [Message("user", text, images=images)])
             request = Request(messages=messages, system=defaults.system, options=options,
                               format=format or None, think=thinks)
             chunks = loaded.chat(request)
         else:
-            request = Request(prompt=text, system=defaults.system, options=options, format=format or None, think=thinks)
+            request = Request(prompt=text, images=images, system=defaults.system, options=options,
+                              format=format or None, think=thinks)
             chunks = loaded.generate(request)
         _, final, _ = stream_response(chunks, writer, hidethinking)
         if verbose and final is not None and final.metrics is not None:

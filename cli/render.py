@@ -18,6 +18,11 @@ def error(message: str) -> None:
     stderr.print(f"Error: {message}", style="red" if stderr.is_terminal else None, markup=False)
 
 
+def notice(message: str) -> None:
+    """One plain line on stderr (e.g. "Added image './cat.png'")."""
+    stderr.print(message, markup=False, highlight=False)
+
+
 class Spinner:
     """Ollama's braille spinner on stderr (only on a terminal), gone at the first token."""
 

@@ -11,7 +11,7 @@ from typing import Iterator, List, Optional
 
 import typer
 
-from runner import config, store
+from runner import config, ggufmeta, store
 from runner.api import PollamaError
 from runner.store.create import CreateSpec, create as create_model
 from runner.store.modelfile import parse as parse_modelfile
@@ -76,17 +76,33 @@ def spec_from_modelfile(name: str, path: Path) -> CreateSpec:
     spec = CreateSpec(model=name, template=parsed.template, system=parsed.system,
                       parameters=parsed.parameters, messages=parsed.messages,
                       license=parsed.license or None)
-    source = parsed.from_
+    model_from: tuple[str, int] | None = None
+    for value, number in parsed.froms:  # a FROM that is a projector file names the projector
+        found = path.parent / Path(value).expanduser()
+        if found.is_file() and _is_projector_file(found):
+            spec.projector_file = found
+        else:
+            model_from = (value, number)  # of the others, the last one wins
+    if model_from is None:
+        raise _fail(f"Modelfile line {parsed.from_line}: FROM {parsed.from_} is a vision projector: FROM the model too")
+    source, line = model_from
     candidate = path.parent / Path(source).expanduser()  # an absolute path stays as it is
     if store.is_default_name(source):
         spec.from_ = source
     elif store.looks_like_path(source) or candidate.is_file():
         if not candidate.is_file():
-            raise _fail(f"Modelfile line {parsed.from_line}: FROM {source}: no such file")
+            raise _fail(f"Modelfile line {line}: FROM {source}: no such file")
         spec.from_file = candidate
     else:
         spec.from_ = source
     return spec
+
+
+def _is_projector_file(path: Path) -> bool:
+    try:
+        return ggufmeta.read_gguf_header(path).architecture == "clip"
+    except PollamaError:
+        return False  # not a GGUF: the model's FROM, whose import says what is wrong
 
 
 @app.command()

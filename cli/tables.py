@@ -6,7 +6,9 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
 from runner import model_template
-from runner.api import ModelInfo
+from runner.api import ModelInfo, PollamaError
+from runner.ggufmeta import read_gguf_header
+from runner.templatefeatures import capabilities
 from runner.store import StoredModel
 
 
@@ -51,6 +53,18 @@ def list_table(models: Sequence[StoredModel]) -> str:
     )
 
 
+def _projector_rows(path: str) -> list[tuple[str, object]]:
+    """Ollama's "Projector" block: what the projector GGUF says of itself."""
+    try:
+        header = read_gguf_header(path)
+    except PollamaError:
+        return [("architecture", "unreadable")]
+    meta = header.metadata
+    return [("architecture", header.architecture),
+            ("embedding length", meta.get("clip.vision.embedding_length", "unknown")),
+            ("dimensions", meta.get("clip.vision.projection_dim", "unknown"))]
+
+
 def show_text(info: ModelInfo, verbose: bool = False) -> str:
     rows = [
         ("architecture", info.architecture),
@@ -61,8 +75,9 @@ def show_text(info: ModelInfo, verbose: bool = False) -> str:
         ("template", model_template(info).describe()),
     ]
     out = ["  Model"] + [f"    {k:<20}{v}" for k, v in rows]
-    caps = ["completion"]
-    out += ["", "  Capabilities"] + [f"    {c}" for c in caps]
+    if info.projector:
+        out += ["", "  Projector"] + [f"    {k:<20}{v}" for k, v in _projector_rows(info.projector)]
+    out += ["", "  Capabilities"] + [f"    {c}" for c in capabilities(info)]
     if info.metadata.get("general.license"):
         out += ["", "  License", f"    {info.metadata['general.license']}"]
     if verbose:

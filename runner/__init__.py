@@ -52,11 +52,16 @@ _FILE_TYPES = {
 }
 
 
-def model_info(stored: store.StoredModel) -> ModelInfo:
+def model_info(stored: store.StoredModel, projector: str | None = None) -> ModelInfo:
     """Read what a GGUF says about itself (fast: arrays are skipped) and check that the engines can
-    load it (``runner.ggufcheck``). Raises InvalidModel with one line."""
+    load it (``runner.ggufcheck``). Raises InvalidModel with one line. The vision projector is
+    ``projector`` (``--mmproj``) or the store entry's ``projector`` layer."""
     header = ggufmeta.read_gguf_header(stored.path)
     ggufcheck.check_model(header, stored.path)
+    if projector is not None:
+        projector = str(store.check_projector(projector))
+    elif "projector" in stored.layers:
+        projector = str(stored.layers["projector"])
     return ModelInfo(
         name=stored.name,
         path=str(stored.path),
@@ -69,12 +74,14 @@ def model_info(stored: store.StoredModel) -> ModelInfo:
         chat_template=header.get("tokenizer.chat_template"),
         metadata=dict(header.metadata),
         store_template=store.model_defaults(stored).template,
+        projector=projector,
     )
 
 
 def load(model: str | None = None, options: Options | None = None, cfg: _config.Config | None = None,
-         num_parallel: int | None = None) -> Runner:
-    """Load ``model`` (a store name, a .gguf path, or None for the default) and start its runner.
+         num_parallel: int | None = None, projector: str | None = None) -> Runner:
+    """Load ``model`` (a store name, a .gguf path, or None for the default) and start its runner;
+    ``projector``: a vision projector GGUF for it (``--mmproj``).
 
     Everything that can refuse a load (the file's rules, the options' ranges, the KV cache type,
     the memory the cache needs) is decided here, once for both engines, before either allocates.
@@ -83,7 +90,7 @@ def load(model: str | None = None, options: Options | None = None, cfg: _config.
     cfg = cfg or _config.load()
     options = checked_options(copy.deepcopy(options) if options is not None else Options())
     stored = store.resolve(model, cfg)
-    info = model_info(stored)
+    info = model_info(stored, projector)
     plan = resolve_load_options(info, options, cfg, num_parallel)
     return load_resolved(info, plan, cfg, t0)
 
@@ -119,6 +126,9 @@ def _new_engine_runs(info: ModelInfo) -> bool:
     from .model.tokenizer import refusal
     from .ollamarunner import supports
 
+    if info.vision:
+        log.warning("the new engine does not take images yet; using the old engine")
+        return False
     if not supports(info.architecture):
         log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
         return False

@@ -46,6 +46,13 @@ class PromptTooLong(InvalidRequest):
     """The prompt does not fit in the context and truncation is off."""
 
 
+class NoVision(InvalidRequest):
+    """An image was sent to a model without a vision projector (Ollama's message)."""
+
+    def __init__(self, message: str = "this model is missing data required for image input") -> None:
+        super().__init__(message)
+
+
 class ServerBusy(PollamaError):
     status = 503
 
@@ -223,6 +230,18 @@ class ToolChoice:
         return self.mode in ("required", "function")
 
 
+@dataclass(frozen=True)
+class Image:
+    """An image input: its encoded bytes (PNG, JPEG or WEBP, checked by
+    :func:`runner.images.image_from_bytes`) and its identity, the sha256 of those bytes, which is
+    what the slot cache compares (the same picture sent again is the same input)."""
+
+    data: bytes = field(repr=False)
+    digest: str  # hex sha256 of ``data``
+    width: int = 0
+    height: int = 0
+
+
 @dataclass
 class Message:
     role: str
@@ -231,6 +250,7 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)  # an assistant's calls
     tool_name: str = ""  # a tool message: the tool whose result this is
     tool_call_id: str = ""  # a tool message: the call it answers (OpenAI's id)
+    images: list[Image] = field(default_factory=list)  # attached to this message, in order
 
 
 @dataclass(frozen=True)
@@ -280,6 +300,7 @@ class Request:
 
     prompt: str = ""
     messages: list[Message] | None = None
+    images: list[Image] = field(default_factory=list)  # generate's images (chat: each message's own)
     system: str | None = None
     template: str | None = None  # a chat template (Go, as Ollama takes it, or Jinja) overriding the model's
     raw: bool = False  # prompt is sent as is, no template
@@ -371,6 +392,12 @@ class ModelInfo:
     chat_template: str | None  # the GGUF's tokenizer.chat_template (Jinja)
     metadata: dict[str, Any]
     store_template: str | None = None  # the store model's TEMPLATE layer (Go), when it has one
+    projector: str | None = None  # the vision projector GGUF (store ``projector`` layer or --mmproj)
+
+    @property
+    def vision(self) -> bool:
+        """Whether the model takes images: it has a projector."""
+        return self.projector is not None
 
 
 class Runner(Protocol):

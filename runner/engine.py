@@ -38,12 +38,13 @@ from .api import (
     LoadError,
     Message,
     ModelInfo,
+    NoVision,
     PollamaError,
     Request,
 )
 from .embedding import EmbedJob
 from .enginespec import PLACEHOLDER, Engine
-from .inputcache import InputCache, ReprocessInputs
+from .inputcache import ImageInput, Input, InputCache, ReprocessInputs, text_tokens
 from .pipeline import Decoder, InlineDecoder
 from .sequence import Prompter, Sequence
 from .text import token_logprobs
@@ -66,7 +67,7 @@ class _Row:
 
     index: int  # the sequence's entry in BatchRunner._seqs
     seq: Sequence
-    tokens: list[int]  # PLACEHOLDER: sampled from the batch decoding before this one
+    tokens: list[int]  # PLACEHOLDER: sampled from the batch decoding before this one (never an image)
     pos: int  # position of the first token
     samples: bool  # the last token is the prompt's last (or a generated one): sample after it
     row: int = -1  # the engine batch's row of the last token
@@ -258,7 +259,7 @@ class BatchRunner:
                 self._admit_embedding(i, seq)
                 continue
             try:
-                sampler = self.model_engine.new_sampler(seq.request.options, seq.grammar, seq.prompt)
+                sampler = self.model_engine.new_sampler(seq.request.options, seq.grammar, text_tokens(seq.prompt))
             except Exception as err:  # e.g. a format that does not compile: fail this request only
                 log.debug("cannot start sequence: %s", err)
                 seq.output.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
@@ -346,8 +347,10 @@ class BatchRunner:
             if cap <= 0:
                 continue
             if seq.inputs:
-                tokens = seq.inputs[: min(len(seq.inputs), self.num_ctx - pos, cap)]
-                seq.inputs = seq.inputs[len(tokens):]
+                take = _text_run(seq.inputs, min(len(seq.inputs), self.num_ctx - pos, cap))
+                if not take:  # an image is decoded on its own, by the loop thread: not meanwhile
+                    return self._undo(taken)
+                tokens, seq.inputs = seq.inputs[:take], seq.inputs[take:]
             else:
                 tokens = [PLACEHOLDER]
             total += len(tokens)
@@ -427,17 +430,31 @@ class BatchRunner:
 
     def _plan(self, i: int, seq: Sequence, cap: int) -> int:
         """How many of ``seq``'s inputs the next batch takes (at most ``cap``), after shifting
-        its slot when it is full; 0 when none (or the sequence ended: no room, no shift)."""
+        its slot when it is full; 0 when none (or the sequence ended: no room, no shift).
+
+        An image at the head of the inputs is decoded here, whole and at once, before the batch
+        (its positions attend to what the slot holds before them; the engine decodes it in the
+        slot's own KV sequence, so other sequences' rows are not disturbed); the text after it
+        goes in the batch. A batch's rows are text only: a run of text stops at an image."""
         assert seq.slot is not None
         while seq.inputs:
+            head = seq.inputs[0]
+            need = head.count if isinstance(head, ImageInput) else 1
             room = self.num_ctx - len(seq.slot.inputs)
-            if room >= 1:
-                return max(0, min(len(seq.inputs), room, cap))
+            if room >= need:
+                if not isinstance(head, ImageInput):
+                    return _text_run(seq.inputs, max(0, min(len(seq.inputs), room, cap)))
+                self.model_engine.decode_image(head, len(seq.slot.inputs), seq.slot.id)
+                seq.slot.inputs.extend(seq.inputs[:head.count])
+                seq.inputs = seq.inputs[head.count:]
+                continue
             if not seq.request.shift:
                 self._finish(i, seq, DoneReason.LENGTH)
                 return 0
             try:
-                self.cache.shift_slot(seq.slot, seq.num_keep)
+                if self.cache.shift_slot(seq.slot, seq.num_keep) <= 0:
+                    self._finish(i, seq, DoneReason.LENGTH)  # nothing left to discard: no room
+                    return 0
             except ReprocessInputs as redo:
                 seq.inputs = redo.inputs + seq.inputs
         return 0
@@ -500,6 +517,11 @@ class BatchRunner:
     def _end_embedding(self, i: int, job: EmbedJob, error: PollamaError | None) -> None:
         _embedding.end(job, self.model_engine.embed_lanes(), self.cache, error)
         self._seqs[i] = None
+
+
+def _text_run(inputs: list[Input], n: int) -> int:
+    """How many of the first ``n`` inputs come before the first image among them."""
+    return next((k for k in range(n) if isinstance(inputs[k], ImageInput)), n)
 
 
 def _put(entry: Sequence | EmbedJob, item: Any) -> None:

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .api import Grammar, ModelInfo, Options
+from .api import Grammar, Image, ModelInfo, Options
 from .embedding import EmbedLanes
-from .inputcache import KvOps
+from .inputcache import ImageInput, Input, KvOps
 
 #: a batch input whose token id is filled in later (:meth:`Engine.fill`): the token the
 #: sequence samples from the batch decoding meanwhile
@@ -99,6 +99,20 @@ class Engine(Protocol):
     def logits(self, row: int) -> np.ndarray:
         """Float32 ``(n_vocab,)``: the logits of ``row`` of the last decode. A view, valid until
         the next :meth:`decode`; copy it to keep it."""
+
+    # --------------------------------------------------------------------------- images
+    def image_inputs(self, image: Image) -> list[Input]:
+        """The inputs ``image`` fills in a prompt: the model's wrapping token ids around one
+        :class:`~runner.inputcache.ImageInput` per position, all carrying the image's identity
+        (so the slot cache reuses an image it holds). May encode the image (vision tower) or
+        defer that to :meth:`decode_image`. Called on the caller's thread. Raises NoVision for a
+        model without a projector, InvalidRequest for an image this model cannot take."""
+
+    def decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
+        """Put the whole image that starts with ``image`` (index 0) into KV sequence ``seq_id``
+        at positions ``pos..pos+count-1``, at once, outside any batch being built (its positions
+        attend to each other as the model wants: gemma3's both ways). Called on the loop thread
+        while no decode runs. Raises PollamaError on failure."""
 
     # ------------------------------------------------------------------------- sampling
     def new_sampler(self, options: Options, grammar: Grammar | None, prompt: list[int]) -> Any:

@@ -1,7 +1,11 @@
 """The slot cache both engines share (reference §1.2–1.3, §2.3): which slot a prompt goes to, how
 much of it is already in the KV cache, and context shift.
 
-A slot is one KV sequence with the tokens it holds. The policy is plain Python over plain data;
+A slot is one KV sequence with the inputs it holds: token ids, and for an image, one
+:class:`ImageInput` per position it fills, carrying the image's identity (the sha256 of its bytes),
+so a prompt that repeats an image matches the cached positions like repeated tokens do. An image is
+never cut: a cached prefix that ends inside an image is cut back to the image's start, and a context
+shift drops whole images. The policy is plain Python over plain data;
 the engine supplies :class:`KvOps`, the four KV-memory operations it needs (llama.cpp's
 ``llama_memory_seq_*`` for the old engine, our ``kvcache`` for the new one).
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence, Union
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +36,43 @@ class KvOps(Protocol):
         """Whether the sequence can continue at ``pos`` with its cached prefix (SWA may say no)."""
 
 
+@dataclass(frozen=True)
+class ImageInput:
+    """Position ``index`` of ``count`` that one image fills in a sequence."""
+
+    digest: str  # hex sha256 of the image's bytes: its identity
+    index: int
+    count: int
+    # what the engine decodes the image from (libmtmd's chunk, an embedding): not compared
+    source: Any = field(default=None, compare=False, repr=False)
+
+
+Input = Union[int, ImageInput]
+
+
+def text_tokens(inputs: Sequence[Input]) -> list[int]:
+    """The token ids among ``inputs`` (for what reads tokens only: penalties, a generate context)."""
+    return [t for t in inputs if isinstance(t, int)]
+
+
+def image_start(inputs: Sequence[Input], n: int) -> int:
+    """``n``, or the start of the image position ``n`` falls inside of (a prefix never cuts one)."""
+    if 0 < n < len(inputs):
+        item = inputs[n]
+        if isinstance(item, ImageInput) and item.index > 0:
+            return n - item.index
+    return n
+
+
+def image_end(inputs: Sequence[Input], n: int) -> int:
+    """``n``, or the end of the image position ``n`` falls inside of."""
+    if 0 < n < len(inputs):
+        item = inputs[n]
+        if isinstance(item, ImageInput) and item.index > 0:
+            return n + item.count - item.index
+    return n
+
+
 class NoSlotAvailable(RuntimeError):
     pass
 
@@ -39,7 +80,7 @@ class NoSlotAvailable(RuntimeError):
 class ReprocessInputs(Exception):
     """The shift could not be done in place: the slot is empty, re-evaluate ``inputs``."""
 
-    def __init__(self, inputs: list[int]):
+    def __init__(self, inputs: list[Input]):
         super().__init__("reprocess inputs")
         self.inputs = inputs
 
@@ -47,12 +88,12 @@ class ReprocessInputs(Exception):
 @dataclass
 class Slot:
     id: int
-    inputs: list[int] = field(default_factory=list)  # tokens held in the KV cache, positions 0..n-1
+    inputs: list[Input] = field(default_factory=list)  # inputs held in the KV cache, positions 0..n-1
     in_use: bool = False
     last_used: float = 0.0  # time.monotonic(); 0 = never used
 
 
-def count_common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def count_common_prefix(a: Sequence[Input], b: Sequence[Input]) -> int:
     n = min(len(a), len(b))
     i = 0
     # Compare in chunks: list slices compare in C, much faster than a Python loop on long prompts.
@@ -81,7 +122,7 @@ class InputCache:
         self.slots = [Slot(i) for i in range(num_slots)]
 
     # -------------------------------------------------------------------------- slot choice
-    def find_longest_slot(self, prompt: Sequence[int]) -> tuple[Slot, int]:
+    def find_longest_slot(self, prompt: Sequence[Input]) -> tuple[Slot, int]:
         """The free slot sharing the longest prefix with ``prompt`` (first wins ties)."""
         best, longest = None, -1
         for slot in self.slots:
@@ -94,7 +135,7 @@ class InputCache:
             raise NoSlotAvailable("no available cache slots")
         return best, longest
 
-    def find_best_slot(self, prompt: Sequence[int]) -> tuple[Slot, int]:
+    def find_best_slot(self, prompt: Sequence[Input]) -> tuple[Slot, int]:
         """Multi-user policy: reuse a slot that is a full prefix of the prompt; otherwise take
         the least recently used free slot and fork the longest matching prefix into it."""
         longest, longest_slot = -1, None
@@ -137,7 +178,7 @@ class InputCache:
         slot, _ = self.load_slot([], cache_prompt=False)
         return slot
 
-    def load_slot(self, prompt: list[int], cache_prompt: bool = True) -> tuple[Slot, list[int]]:
+    def load_slot(self, prompt: list[Input], cache_prompt: bool = True) -> tuple[Slot, list[Input]]:
         """Claim a slot for ``prompt``; return it and the tokens still to evaluate (all of them
         when ``cache_prompt`` is off, and never none)."""
         if not cache_prompt:
@@ -150,6 +191,7 @@ class InputCache:
         slot.last_used = time.monotonic()
         if num_past == len(prompt) and num_past > 0:
             num_past -= 1  # leave one input to evaluate: its logits give the first token
+        num_past = image_start(prompt, num_past)  # an image is decoded whole or not at all
         if num_past > 0 and not self.kv.can_resume(slot.id, num_past):
             num_past = 0
         if not self.kv.seq_rm(slot.id, num_past, None):
@@ -177,6 +219,8 @@ class InputCache:
         discard = self.shift_discard(input_len, num_keep)
         if discard <= 0:
             return 0
+        num_keep = image_start(slot.inputs, num_keep)  # images are kept or dropped whole
+        discard = image_end(slot.inputs, num_keep + discard) - num_keep
         log.debug("context shift: slot %d, keep %d, discard %d of %d", slot.id, num_keep, discard, input_len)
         if self.kv.shift(slot.id, num_keep, discard, input_len):
             del slot.inputs[num_keep : num_keep + discard]

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import reply as _reply
 from .api import Chunk, DoneReason, Metrics, TokenLogprob
+from .inputcache import Input, text_tokens
 from .text import contains_stop_suffix, decode_flush, find_stop, incomplete_utf8, truncate_stop
 
 _now = time.perf_counter_ns
@@ -126,12 +127,12 @@ class Output:
             total_duration=_now() - self.t_request,
         )
 
-    def final(self, reason: DoneReason, prompt: list[int]) -> Chunk:
+    def final(self, reason: DoneReason, prompt: list[Input]) -> Chunk:
         """Flush what is held back (unless the client left) and make the last chunk, whose
-        ``context`` is ``prompt`` plus the generated tokens. The caller puts it on the sink."""
+        ``context`` is ``prompt``'s token ids plus the generated tokens. The caller puts it on the sink."""
         if reason is not DoneReason.CONNECTION_CLOSED:
             self.flush(final=True)
-        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=prompt + self.generated)
+        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=text_tokens(prompt) + self.generated)
 
     def put(self, item: Chunk | BaseException) -> None:
         self.sink.put(item)

@@ -13,13 +13,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from . import images as _images
 from . import prompt as _prompt
 from . import reply as _reply
-from .api import ChatTemplate, Grammar, InvalidRequest, Message, PromptTooLong, Request
+from .api import ChatTemplate, Grammar, Image, InvalidRequest, Message, NoVision, PromptTooLong, Request
 from .enginespec import Engine
-from .inputcache import Slot
+from .inputcache import Input, Slot, image_end, image_start
 from .output import Output
 from .sample.grammar import format_grammar
 from .sample.toolgrammar import tool_call_grammar
@@ -34,14 +35,14 @@ class Sequence:
     """One request inside the runner (Go's ``Sequence``)."""
 
     request: Request
-    prompt: list[int]  # the whole prompt after truncation
+    prompt: list[Input]  # the whole prompt after truncation (token ids; an image's positions)
     num_keep: int
     output: Output
     grammar: Grammar | None = None  # what the sampled tokens must follow (format, forced tool calls)
     cancelled: threading.Event = field(default_factory=threading.Event)
     # filled in by the loop
     slot: Slot | None = None
-    inputs: list[int] = field(default_factory=list)  # still to evaluate (not in any batch yet)
+    inputs: list[Input] = field(default_factory=list)  # still to evaluate (not in any batch yet)
     sampler: Any = None
 
     def is_cancelled(self) -> bool:
@@ -65,10 +66,12 @@ class Prompter:
         return template if isinstance(template, ChatTemplate) else _prompt.select(template, self.engine.info)
 
     def chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
-                    cancel: threading.Event | None, request: Request | None = None) -> tuple[str, list[int]]:
-        """The prompt for ``messages`` and its tokens, rendered with ``template`` (a chosen one,
+                    cancel: threading.Event | None, request: Request | None = None,
+                    images: list[Image] | None = None) -> tuple[str, list[Input]]:
+        """The prompt for ``messages`` and its inputs, rendered with ``template`` (a chosen one,
         text, or None for the model's) within one render budget for all the renders history
-        truncation takes; ``request``: its tools and ``think`` are rendered too."""
+        truncation takes; ``request``: its tools and ``think`` are rendered too; ``images``: the
+        images the messages' ``[img-N]`` tags name."""
         bos, eos = self.engine.special_tokens
         chosen = self.template(template)
         budget = _prompt.RenderBudget(cancel=cancel)
@@ -80,32 +83,58 @@ class Prompter:
             return _prompt.render(chosen, msgs, bos_token=bos, eos_token=eos, tokenizer_adds_bos=add_bos,
                                   tools=tools, think=think, budget=budget)
 
-        return _prompt.chat_prompt(messages, render, self.engine.tokenize, self.num_ctx, truncate)
+        return _prompt.chat_prompt(messages, render, self._tokenizer(images or []), self.num_ctx, truncate)
+
+    def _tokenizer(self, images: list[Image]) -> Callable[[str], list[Input]]:
+        """Tokenize a rendered prompt, with each ``[img-N]`` tag replaced by image N's inputs
+        (the engine's, made once per image for all the renders truncation tries)."""
+        if not images:
+            return self.engine.tokenize
+        found: dict[str, list[Input]] = {}
+
+        def tokenize(text: str) -> list[Input]:
+            out: list[Input] = []
+            for piece in _images.split_prompt(text, images):
+                if isinstance(piece, str):
+                    out.extend(self.engine.tokenize(piece, add_special=not out))
+                else:
+                    if piece.digest not in found:
+                        found[piece.digest] = self.engine.image_inputs(piece)
+                    out.extend(found[piece.digest])
+            return out
+
+        return tokenize
 
     def prepare(self, request: Request, chat: bool) -> Sequence:
         """The sequence for ``request`` (``chat``: its messages, else its prompt). Raises
         InvalidRequest / PromptTooLong / Cancelled (rendering was cancelled)."""
         t0 = time.perf_counter_ns()
         chosen = self.template(request.chat_template or request.template)
+        if _images.has_images(request.messages if chat else None, () if chat else request.images) \
+                and not self.engine.info.vision:
+            raise NoVision()
         if chat:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
-            text, tokens = self.chat_prompt(messages, chosen, request.truncate, request.cancel, request)
+            messages, images = _images.tag_messages(messages)
+            text, tokens = self.chat_prompt(messages, chosen, request.truncate, request.cancel, request, images)
             return self._sequence(tokens, request, t0, text, chosen)
+        images = list(request.images)
         if request.raw:
-            text = request.prompt
+            text = _images.tag_prompt(request.prompt, images) if images else request.prompt
         else:
             messages = []
             if request.system:
                 messages.append(Message("system", request.system))
-            messages.append(Message("user", request.prompt))
-            text, tokens = self.chat_prompt(messages, chosen, False, request.cancel, request)
+            messages.append(Message("user", request.prompt, images=images))
+            messages, images = _images.tag_messages(messages)
+            text, tokens = self.chat_prompt(messages, chosen, False, request.cancel, request, images)
             if not request.context:
                 return self._sequence(tokens, request, t0, text, chosen)
         if request.context:
             text = self.detokenize(list(request.context)) + text
-        return self._sequence(self.engine.tokenize(text), request, t0, text, None if request.raw else chosen)
+        return self._sequence(self._tokenizer(images)(text), request, t0, text, None if request.raw else chosen)
 
     def embed_inputs(self, texts: list[str], truncate: bool) -> list[list[int]]:
         """The tokens of each text of an embedding request, cut to ``num_ctx`` when ``truncate``."""
@@ -123,7 +152,7 @@ class Prompter:
             inputs.append(tokens)
         return inputs
 
-    def _sequence(self, tokens: list[int], request: Request, t0: int, text: str = "",
+    def _sequence(self, tokens: list[Input], request: Request, t0: int, text: str = "",
                   template: ChatTemplate | None = None) -> Sequence:
         if not tokens:
             raise InvalidRequest("no input provided")
@@ -149,7 +178,8 @@ class Prompter:
                 raise PromptTooLong(
                     f"the input length ({len(tokens)} tokens) exceeds the context length ({num_ctx})"
                 )
-            discard = len(tokens) - num_ctx
+            num_keep = image_start(tokens, num_keep)  # images are kept or dropped whole
+            discard = image_end(tokens, num_keep + len(tokens) - num_ctx) - num_keep
             log.warning("truncating input prompt: limit %d, prompt %d, keep %d", num_ctx, len(tokens), num_keep)
             tokens = tokens[:num_keep] + tokens[num_keep + discard :]
         num_predict = opts.num_predict

@@ -64,7 +64,7 @@ def features(template: ChatTemplate) -> TemplateFeatures:
 def capabilities(info: ModelInfo, template: ChatTemplate | None = None) -> list[str]:
     """Ollama's capability names for a model (with ``template``, or the one it uses by default):
     ``completion`` (or ``embedding`` for a model that pools), then ``tools``, ``thinking``,
-    ``insert`` as its template allows."""
+    ``insert`` as its template allows, and ``vision`` when it has a projector."""
     pooling = info.metadata.get(f"{info.architecture}.pooling_type")
     out = ["embedding" if pooling not in (None, 0) else "completion"]
     found = features(template or prompt.model_template(info))
@@ -74,4 +74,6 @@ def capabilities(info: ModelInfo, template: ChatTemplate | None = None) -> list[
         out.append("thinking")
     if found.insert:
         out.append("insert")
+    if info.vision:
+        out.append("vision")
     return out

@@ -22,13 +22,15 @@ import llama_cpp as L
 import numpy as np
 
 from .. import ggufmeta
-from ..api import Grammar, InvalidModel, InvalidRequest, LoadError, ModelInfo, Options
+from ..api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
 from ..embedding import MAX_LANES, batch_size
+from ..inputcache import ImageInput, Input
 from ..loadplan import LoadOptions
 from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
 from .cache import LlamaKv
 from .embed import EmbedContext
+from .vision import Projector
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
@@ -198,6 +200,13 @@ class LlamaEngine:
         self._special = (self._token_text(bos), self._token_text(eos))
         self._cparams = cparams  # the embedding context copies its threads, attention and KV type
         self._embed: EmbedContext | None = None
+        self.vision: Projector | None = None  # libmtmd, when the model has a projector
+        if info.projector:
+            try:
+                self.vision = Projector(info.projector, self._model, load.num_thread, self._n_embd)
+            except Exception:
+                self.close()
+                raise
 
     # ----------------------------------------------------------------------------- vocab
     def _token_text(self, token: int) -> str:
@@ -259,6 +268,20 @@ class LlamaEngine:
         rc = L.llama_decode(self._ctx, batch.struct)
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
+
+    def image_inputs(self, image: Image) -> list[Input]:
+        if self.vision is None:
+            raise NoVision()
+        inputs = self.vision.image_inputs(image)
+        count = next((x.count for x in inputs if isinstance(x, ImageInput)), 0)
+        if count > self.num_batch:
+            raise InvalidRequest(f"an image takes {count} tokens in one batch: set num_batch to at least {count}")
+        return inputs
+
+    def decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
+        if self.vision is None:
+            raise NoVision()
+        self.vision.decode(self._ctx, image.source, pos, seq_id, self.num_batch)
 
     def embed_lanes(self) -> EmbedContext:
         if self._embed is None:
@@ -326,6 +349,9 @@ class LlamaEngine:
         return int(L.llama_sampler_sample(sampler, self._ctx, row))
 
     def close(self) -> None:
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self._embed is not None:
             self._embed.close()
             self._embed = None

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..api import Grammar, InvalidModel, LoadError, ModelInfo, Options
+from ..api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision, Options
 from ..embedding import MAX_LANES, batch_size
-from ..inputcache import InputCache, Slot
+from ..inputcache import ImageInput, Input, InputCache, Slot
 from ..loadplan import LoadOptions
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
@@ -210,6 +210,12 @@ class GGMLEngine:
     def logits(self, row: int) -> np.ndarray:
         assert self._out is not None
         return self._out[self._rows[row]]
+
+    def image_inputs(self, image: Image) -> list[Input]:
+        raise NoVision()  # runner.load gives a model with a projector to the old engine
+
+    def decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
+        raise NoVision()
 
     def embed_lanes(self) -> _Lanes:
         return self._lanes

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from typing import Any, AsyncIterator, Literal, Union
@@ -20,7 +21,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, ToolCall, ToolChoice
+from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Request, ToolCall, ToolChoice
+from runner.images import image_from_base64
 
 from . import toolwire
 from .http import JSON, RunnerResponse, anthropic_error, dumps, status_of
@@ -82,6 +84,7 @@ def to_messages(body: MessagesBody) -> list[Message]:
         texts: list[str] = []
         thinking: list[str] = []
         calls: list[ToolCall] = []
+        images: list[Image] = []
         for j, block in enumerate(m.content):
             kind = block.get("type")
             if kind == "text":
@@ -90,6 +93,8 @@ def to_messages(body: MessagesBody) -> list[Message]:
                 thinking.append(str(block.get("thinking") or ""))
             elif kind == "redacted_thinking":
                 continue
+            elif kind == "image" and m.role == "user":
+                images.append(_image(block.get("source"), f"messages[{i}].content[{j}]"))
             elif kind == "tool_use" and m.role == "assistant":
                 args = block.get("input") or {}
                 if not isinstance(block.get("name"), str) or not isinstance(args, dict):
@@ -104,9 +109,19 @@ def to_messages(body: MessagesBody) -> list[Message]:
                 out.append(Message("tool", text, tool_name=names.get(call_id, ""), tool_call_id=call_id))
             else:
                 raise InvalidRequest(f"invalid messages[{i}].content[{j}]: unsupported block type {kind!r}")
-        if texts or calls or thinking or not m.content:
-            out.append(Message(m.role, "".join(texts), thinking="".join(thinking), tool_calls=calls))
+        if texts or calls or thinking or images or not m.content:
+            out.append(Message(m.role, "".join(texts), thinking="".join(thinking), tool_calls=calls, images=images))
     return out
+
+
+def _image(source: Any, where: str) -> Image:
+    """An image block's ``source``: base64 data only (pollama fetches nothing from the network)."""
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        kind = source.get("type") if isinstance(source, dict) else None
+        if kind == "url":
+            raise InvalidRequest(f"invalid {where}: image URLs are not supported; send the image as base64")
+        raise InvalidRequest(f"invalid {where}: an image block needs a source of type base64")
+    return image_from_base64(source.get("data"), f"image {where}")
 
 
 def to_tools(raw: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
@@ -156,7 +171,8 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
     think = None
     if body.thinking is not None:
         think = body.thinking.get("type") == "enabled"
-    request = Request(messages=to_messages(body), tools=tools,
+    conversation = await asyncio.to_thread(to_messages, body)  # images are decoded to check them
+    request = Request(messages=conversation, tools=tools,
                       tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think)
     options: dict[str, Any] = {"num_predict": body.max_tokens}
     for name, value in (("temperature", body.temperature), ("top_p", body.top_p), ("top_k", body.top_k),

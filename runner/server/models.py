@@ -125,6 +125,9 @@ def show(scheduler: Scheduler, stored: store.StoredModel, verbose: bool) -> dict
         "capabilities": capabilities(info),
         "modified_at": iso(stored.modified),
     }
+    if info.projector:  # Ollama's projector_info: the projector GGUF's own metadata
+        projector = ggufmeta.read_gguf_header(info.projector)
+        out["projector_info"] = _jsonable({**projector.metadata, **{k: None for k in projector.array_lengths}})
     if shown.system:
         out["system"] = shown.system
     if shown.messages:

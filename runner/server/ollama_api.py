@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 
 from runner import store
 from runner.version import OLLAMA_API_VERSION, pollama_version
-from runner.api import Chunk, InvalidRequest, Message, Request, TokenLogprob
+from runner.api import Chunk, Image, InvalidRequest, Message, Request, TokenLogprob
+from runner.images import image_from_base64
 
 from . import models as _models
 from . import toolwire
@@ -148,12 +149,18 @@ def check_think(think: bool | str | None) -> bool | str | None:
     raise InvalidRequest(f'invalid think value {think!r}: use true, false, "high", "medium" or "low"')
 
 
+def wire_images(images: list[str] | None, where: str) -> list[Image]:
+    """Ollama's ``images``: base64 strings, each checked to be a PNG, JPEG or WEBP image."""
+    return [image_from_base64(data, f"image {where}[{k}]") for k, data in enumerate(images or [])]
+
+
 def chat_messages(raw: list[ChatMessage]) -> list[Message]:
     out = []
     for i, m in enumerate(raw):
         out.append(Message(m.role, m.content or "", thinking=m.thinking or "",
                            tool_calls=toolwire.calls_from_wire(m.tool_calls, f"messages[{i}]"),
-                           tool_name=m.tool_name or ""))
+                           tool_name=m.tool_name or "",
+                           images=wire_images(m.images, f"messages[{i}].images")))
     return out
 
 
@@ -279,14 +286,13 @@ async def generate(body: GenerateBody, svc: Service = Depends(service)) -> Respo
     keep_alive = parse_keep_alive(body.keep_alive)
     fmt = check_format(body.format)
     think = check_think(body.think)
-    if body.images:
-        raise InvalidRequest(f'"{body.model}" does not support images')
+    images = await asyncio.to_thread(wire_images, body.images, "images")
     if body.suffix:
         raise InvalidRequest(f'"{body.model}" does not support insert')
     if body.prompt == "":
         return await _load_or_unload(svc, body.model, body.options, keep_alive, chat=False)
     request = Request(
-        prompt=body.prompt, system=body.system, template=body.template or None, raw=body.raw,
+        prompt=body.prompt, images=images, system=body.system, template=body.template or None, raw=body.raw,
         context=body.context or None, format=fmt, think=think,
         truncate=True if body.truncate is None else body.truncate,
         shift=True if body.shift is None else body.shift,
@@ -307,12 +313,11 @@ async def chat(body: ChatBody, svc: Service = Depends(service)) -> Response:
     fmt = check_format(body.format)
     think = check_think(body.think)
     tools = toolwire.parse_tools(body.tools)
-    if any(m.images for m in body.messages):
-        raise InvalidRequest(f'"{body.model}" does not support images')
     if not body.messages:
         return await _load_or_unload(svc, body.model, body.options, keep_alive, chat=True)
+    messages = await asyncio.to_thread(chat_messages, body.messages)  # images are decoded to check them
     request = Request(
-        messages=chat_messages(body.messages), format=fmt, tools=tools, think=think,
+        messages=messages, format=fmt, tools=tools, think=think,
         tool_choice=toolwire.parse_tool_choice(body.tool_choice, tools), parallel_tool_calls=body.parallel_tool_calls,
         truncate=True if body.truncate is None else body.truncate,
         shift=True if body.shift is None else body.shift,

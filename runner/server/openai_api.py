@@ -22,7 +22,8 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, TokenLogprob
+from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Request, TokenLogprob
+from runner.images import image_from_data_url
 
 from . import models as _models
 from . import toolwire
@@ -152,20 +153,32 @@ def response_format(fmt: ResponseFormat | None) -> str | dict | None:
 
 
 def message_text(message: ChatMessage) -> str:
+    """The text of a message that may not carry images."""
+    text, images = message_parts(message, "content")
+    if images:
+        raise InvalidRequest("image content parts are only taken in chat messages")
+    return text
+
+
+def message_parts(message: ChatMessage, where: str) -> tuple[str, list[Image]]:
+    """A message's text parts joined, and its ``image_url`` parts as images: base64 data URLs
+    only (``{"url": "data:image/png;base64,..."}`` or the URL string itself)."""
     content = message.content
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
+        return content, []
+    parts: list[str] = []
+    images: list[Image] = []
+    for k, part in enumerate(content):
         if part.type == "text":
             parts.append(part.text or "")
         elif part.type == "image_url":
-            raise InvalidRequest("this model does not support images")
+            url = part.image_url.get("url") if isinstance(part.image_url, dict) else part.image_url
+            images.append(image_from_data_url(url, f"image {where}[{k}]"))
         else:
             raise InvalidRequest(f"invalid content part type {part.type!r}")
-    return "".join(parts)
+    return "".join(parts), images
 
 
 def finish_reason(chunk: Chunk, called: bool = False) -> str:
@@ -206,9 +219,10 @@ def chat_messages(raw: list[ChatMessage]) -> list[Message]:
         tool_name = ""
         if m.role == "tool":
             tool_name = m.name or names.get(m.tool_call_id or "", "")
-        out.append(Message("system" if m.role == "developer" else m.role, message_text(m),
+        text, images = message_parts(m, f"messages[{i}].content")
+        out.append(Message("system" if m.role == "developer" else m.role, text,
                            thinking=m.reasoning_content or m.reasoning or "", tool_calls=calls,
-                           tool_name=tool_name, tool_call_id=m.tool_call_id or ""))
+                           tool_name=tool_name, tool_call_id=m.tool_call_id or "", images=images))
     return out
 
 
@@ -313,8 +327,9 @@ async def chat_completions(body: ChatCompletionBody, svc: Service = Depends(serv
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     check_counts(body, max_tokens=body.max_tokens, max_completion_tokens=body.max_completion_tokens)
     top = body.top_logprobs or 0
+    messages = await asyncio.to_thread(chat_messages, body.messages)  # images are decoded to check them
     request = Request(
-        messages=chat_messages(body.messages), format=response_format(body.response_format),
+        messages=messages, format=response_format(body.response_format),
         tools=tools, tool_choice=tool_choice, parallel_tool_calls=body.parallel_tool_calls,
         think=reasoning_think(body),
         logprobs=bool(body.logprobs) or top > 0, top_logprobs=top,

@@ -33,7 +33,7 @@ from .names import DEFAULT_HOST, DEFAULT_NAMESPACE, DEFAULT_TAG, InvalidName, Na
 
 __all__ = [
     "DEFAULT_MODEL", "DEFAULT_HOST", "DEFAULT_NAMESPACE", "DEFAULT_TAG", "MODEL_MEDIA_TYPE",
-    "InvalidName", "Layout", "ModelDefaults", "ModelNotFound", "Name", "OutsideStore", "StoredModel", "copy",
+    "InvalidName", "Layout", "ModelDefaults", "ModelNotFound", "Name", "OutsideStore", "StoredModel", "check_projector", "copy",
     "default_model_path", "delete", "digest", "is_default_name", "is_name", "list_models",
     "looks_like_path", "model_defaults", "parse_name", "resolve", "starting_messages",
 ]
@@ -134,6 +134,25 @@ def _from_manifest(layout: Layout, name: Name, manifest: dict[str, Any]) -> Stor
         manifest=manifest,
         layers=layers,
     )
+
+
+def check_projector(path: str | Path) -> Path:
+    """A vision projector file (``--mmproj``, a Modelfile's second ``FROM``): it must be a GGUF
+    whose ``general.architecture`` is ``clip``, as llama.cpp writes them. Raises InvalidModel."""
+    shown = str(path)
+    try:
+        full = Path(path).expanduser()
+        if not full.is_file():
+            raise InvalidModel(f"no such projector file: {shown}")
+        header = ggufmeta.read_gguf_header(full)
+    except PollamaError:
+        raise
+    except (OSError, ValueError, RuntimeError) as err:
+        raise InvalidModel(f"cannot read the projector {shown}: {err}") from None
+    if header.architecture != "clip":
+        raise InvalidModel(f"{shown} is not a vision projector (general.architecture is "
+                           f"{header.architecture!r}, not 'clip')")
+    return full.resolve()
 
 
 def resolve(name: str | None, cfg: _config.Config | None = None, *, from_network: bool = False) -> StoredModel:

@@ -10,6 +10,8 @@ before it becomes a model layer. Then, as Ollama does:
 - ``parameters``: merged over the base model's (a name given wins);
 - ``messages``: replace the base model's when given (a JSON list of ``{role, content}``);
 - ``license``: one layer per text, added to the base model's;
+- a projector GGUF (``general.architecture = clip``: a Modelfile's second ``FROM``, or a second
+  file in ``files``) becomes the ``projector`` layer, replacing the base model's;
 - ``adapters`` and ``quantize`` are refused (pollama applies no LoRA and does not quantize).
 
 Statuses: ``parsing GGUF`` / ``using existing layer sha256:…`` / ``creating new layer sha256:…``,
@@ -31,7 +33,7 @@ from .. import ggufmeta
 from ..api import Cancelled, InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError, coerce_option
 from . import blobs, manifests
 from .layout import Layout, OutsideStore, digest_hex
-from .manifests import CONFIG_MEDIA_TYPE, LAYER_MEDIA_PREFIX, MANIFEST_MEDIA_TYPE, MODEL_MEDIA_TYPE
+from .manifests import CONFIG_MEDIA_TYPE, LAYER_MEDIA_PREFIX, MANIFEST_MEDIA_TYPE, MODEL_MEDIA_TYPE, PROJECTOR_MEDIA_TYPE
 from .progress import Progress
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class CreateSpec:
     license: str | list[str] | None = None
     quantize: str = ""
     from_file: Path | None = None  # the CLI's local .gguf (never set from a request)
+    projector_file: Path | None = None  # the CLI's local projector .gguf (a second FROM)
 
     def check(self) -> None:
         """Refuse a request that cannot work, before anything is written (InvalidRequest)."""
@@ -71,8 +74,8 @@ class CreateSpec:
         if not (self.from_ or self.files or self.from_file):
             raise InvalidRequest("neither 'from' or 'files' was specified")
         ggufs = [n for n in self.files if n.lower().endswith(".gguf")] or list(self.files)
-        if len(ggufs) > 1:
-            raise InvalidRequest("only one GGUF file per model is supported")
+        if len(ggufs) > 2:
+            raise InvalidRequest("only one GGUF file per model is supported (and one vision projector)")
         for name, digest in self.files.items():
             if digest_hex(digest) is None:
                 raise InvalidRequest(f'invalid digest "{digest}" for file "{name}"')
@@ -130,20 +133,52 @@ def _gguf_layer(layout: Layout, blob: Path, digest: str) -> dict[str, Any]:
     return {"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": blob.stat().st_size}
 
 
+def _is_projector(blob: Path) -> bool:
+    try:
+        return ggufmeta.read_gguf_header(blob).architecture == "clip"
+    except PollamaError as err:
+        raise InvalidModel(f"supplied file was not in GGUF format: {err}") from None
+
+
+def _uploaded_layers(layout: Layout, spec: CreateSpec) -> list[dict[str, Any]]:
+    """``files``: one model GGUF, and at most one projector GGUF (told apart by their headers)."""
+    ggufs = [(n, d) for n, d in spec.files.items() if n.lower().endswith(".gguf")] or list(spec.files.items())
+    model: list[dict[str, Any]] = []
+    projector: list[dict[str, Any]] = []
+    for name, digest in ggufs:
+        blob = layout.blob(digest)
+        if not blob.is_file():
+            raise InvalidRequest(f'file "{name}" was not uploaded: no blob {digest} (POST /api/blobs/{digest} first)')
+        layer = _gguf_layer(layout, blob, f"sha256:{digest_hex(digest)}")
+        if _is_projector(blob):
+            projector.append(dict(layer, mediaType=PROJECTOR_MEDIA_TYPE))
+        else:
+            model.append(layer)
+    if len(model) != 1 or len(projector) > 1:
+        raise InvalidRequest("only one GGUF file per model is supported (and one vision projector)")
+    return model + projector
+
+
+def _projector_layer(layout: Layout, path: Path) -> dict[str, Any]:
+    """A local projector file, checked (a clip GGUF) and copied into the store."""
+    from . import check_projector
+
+    check_projector(path)
+    digest, size = blobs.import_gguf(layout, path)
+    return {"mediaType": PROJECTOR_MEDIA_TYPE, "digest": digest, "size": size}
+
+
 def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Iterator[Progress]:
     """The base model's layers (model first): from files, a local file, or ``from``."""
     from . import looks_like_path, resolve
 
     if spec.files:
-        name, digest = next((n, d) for n, d in spec.files.items()
-                            if n.lower().endswith(".gguf") or len(spec.files) == 1)
-        blob = layout.blob(digest)
-        if not blob.is_file():
-            raise InvalidRequest(f'file "{name}" was not uploaded: no blob {digest} (POST /api/blobs/{digest} first)')
         yield Progress("parsing GGUF")
-        return [_gguf_layer(layout, blob, f"sha256:{digest_hex(digest)}")]
+        return _uploaded_layers(layout, spec)
     if spec.from_file is not None:
         yield Progress("parsing GGUF")
+        if ggufmeta.read_gguf_header(spec.from_file).architecture == "clip":
+            raise InvalidRequest(f"{spec.from_file} is a vision projector: the first FROM names the model")
         digest, size = blobs.import_gguf(layout, spec.from_file)
         return [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": size}]
     try:
@@ -183,6 +218,9 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
     name = _store_name(spec.model, "model")
     layout = Layout(cfg.models)
     layers = yield from _base_layers(cfg, layout, spec)
+    if spec.projector_file is not None:
+        yield Progress("parsing GGUF")
+        layers = _without(layers, PROJECTOR_MEDIA_TYPE) + [_projector_layer(layout, spec.projector_file)]
     if cancel is not None and cancel.is_set():
         raise Cancelled("the create was cancelled")
     new: list[Progress] = []

@@ -23,6 +23,7 @@ MANIFEST_MEDIA_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_MEDIA_TYPE = "application/vnd.docker.container.image.v1+json"
 LAYER_MEDIA_PREFIX = "application/vnd.ollama.image."
 MODEL_MEDIA_TYPE = LAYER_MEDIA_PREFIX + "model"
+PROJECTOR_MEDIA_TYPE = LAYER_MEDIA_PREFIX + "projector"  # a vision projector GGUF (clip)
 
 
 def read(layout: Layout, name: Name) -> dict[str, Any] | None:

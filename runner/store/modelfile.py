@@ -3,6 +3,7 @@
 One instruction per line, the keyword in any case; ``#`` starts a comment line::
 
     FROM <store name | path to a .gguf, relative to the Modelfile>
+    FROM <path to a vision projector .gguf>   (another FROM: the model's ``projector`` layer)
     PARAMETER <name> <value>        (repeatable; several ``stop`` lines accumulate)
     TEMPLATE <text>                 (Ollama's Go template)
     SYSTEM <text>
@@ -38,6 +39,8 @@ class ModelfileError(InvalidRequest):
 class Modelfile:
     from_: str = ""
     from_line: int = 0
+    froms: list[tuple[str, int]] = field(default_factory=list)  # every FROM (value, line): the
+    # CLI tells a projector file (a clip GGUF) from the model; of the others, the last one wins
     parameters: dict[str, Any] = field(default_factory=dict)
     template: str | None = None
     system: str | None = None
@@ -116,6 +119,7 @@ def parse(text: str) -> Modelfile:
             if not value:
                 raise _error(number, "FROM needs a model name or a .gguf path")
             out.from_, out.from_line = value, number
+            out.froms.append((value, number))
         elif command == "template":
             out.template = value
         elif command == "system":
@@ -170,6 +174,8 @@ def show(layout: "Layout", stored: "StoredModel", chat_template: str, gguf_licen
         "",
         f"FROM {stored.path}",
     ]
+    if "projector" in stored.layers:
+        lines.append(f"FROM {stored.layers['projector']}")
     if template:
         lines.append(f"TEMPLATE {_quoted(template)}")
     if defaults.system:
