@@ -8,7 +8,7 @@ This is what llama.cpp's libmtmd does for gemma3 (``mtmd_image_preprocessor_fixe
 2. **fit** into an ``size x size`` tile keeping the aspect ratio: scale by
    ``min(size / w, size / h)`` (single precision), round each side *up* (at most ``size``),
    resample with Pillow's bilinear filter (clip.cpp's resampler is a port of Pillow's: same
-   22-bit fixed-point weights, horizontal pass first) and centre it on black;
+   22-bit fixed-point weights; one pass per side, horizontal first) and centre it on black;
 3. **normalise**: ``(v / 255 - mean[c]) / std[c]`` in float32, laid out channel-first
    ``(3, size, size)`` (GGML ``[size, size, 3]``).
 
@@ -71,10 +71,14 @@ def fit_square(rgb: np.ndarray, size: int) -> np.ndarray:
     if (w, h) == (size, size):
         return rgb
     new_w, new_h = fitted_size(w, h, size)
-    if (new_w, new_h) == (w, h):
-        resized = rgb
-    else:
-        resized = np.asarray(Image.fromarray(rgb, "RGB").resize((new_w, new_h), Image.Resampling.BILINEAR))
+    # clip.cpp always resamples horizontally first (the 8-bit intermediate rounds); Pillow picks
+    # its own order when both sides change, so ask it for one side at a time.
+    img = Image.fromarray(rgb, "RGB")
+    if new_w != w:
+        img = img.resize((new_w, h), Image.Resampling.BILINEAR)
+    if new_h != h:
+        img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    resized = np.asarray(img)
     tile = np.zeros((size, size, 3), dtype=np.uint8)
     x0, y0 = (size - new_w) // 2, (size - new_h) // 2
     tile[y0 : y0 + new_h, x0 : x0 + new_w] = resized
