@@ -75,6 +75,16 @@ class MtmdOracle:
             raise RuntimeError(f"libmtmd cannot load the projector {mmproj}")
         self.marker = M.mtmd_default_marker().decode()
 
+    def tokenize(self, text: str, add_special: bool) -> list[int]:
+        """The text model's tokens of ``text`` (special tokens parsed), as libmtmd makes them."""
+        raw = text.encode()
+        vocab = llama_cpp.llama_model_get_vocab(self.model)
+        buf = (llama_cpp.llama_token * (len(raw) + 16))()
+        n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, len(buf), add_special, True)
+        if n < 0:
+            raise RuntimeError(f"llama_tokenize returned {n}")
+        return list(buf[:n])
+
     # --- bitmaps ----------------------------------------------------------------------------------
     def _bitmap_from_file(self, path: Path) -> int:
         data = Path(path).read_bytes()

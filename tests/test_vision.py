@@ -23,6 +23,7 @@ from PIL import Image
 from runner.api import InvalidRequest
 from runner.ml.backend import BackendOptions
 from runner.model.gguf_weights import GGUFError
+from runner.model.multimodal import ImageInput, gemma3_post_tokenize
 from runner.model.vision import ImageEncoder, load_projector
 from runner.model.vision.preprocess import decode, fit_square, fitted_size
 from tests.mmproj import MMProjSpec, write_mmproj
@@ -135,6 +136,18 @@ def test_image_chunk_layout_and_token_count(pair, tmp_path: Path) -> None:
     assert enc.n_embd == SPEC.text_width
     assert chunk.text_before[-1] == 255999  # <start_of_image>
     assert chunk.text_after[0] == 256000  # <end_of_image>
+
+
+def test_gemma3_layout_is_libmtmds(pair, tmp_path: Path) -> None:
+    """Our post_tokenize of [tokens("Describe "), image, tokens(" please")] is libmtmd's chunking
+    of "Describe <marker> please": <start_of_image>, the rows, <end_of_image>, nothing else."""
+    _, oracle = pair
+    path = save(picture(40, 30), tmp_path / "p.png")
+    chunk = oracle.image_chunk(oracle._bitmap_from_file(path))
+    theirs = chunk.text_before + [None] * chunk.n_tokens + chunk.text_after
+    prompt = [*oracle.tokenize("Describe ", True), ImageInput("sha", SPEC.n_tokens), *oracle.tokenize(" please", False)]
+    ours = [x.token if x.image is None else None for x in gemma3_post_tokenize(prompt)]
+    assert ours == theirs
 
 
 def test_encoder_rejects_what_is_not_an_image(pair) -> None:
