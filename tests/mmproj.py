@@ -10,8 +10,9 @@ soft-embedding RMSNorm weight and the input projection ``[text_width, width]``).
 f16, as in the published ``mmproj-*-f16.gguf`` files; norms, biases and the position embedding
 f32.
 
-The default size fits gemma-3-270m (text width 640): image 224, patch 14, width 128, 4 heads,
-2 blocks, ``scale_factor`` 4, so an image becomes ``(224 / 14 / 4)^2 = 16`` tokens.
+The default size fits gemma-3-270m (text width 640): image 224, patch 14, width 144 in 2 heads of
+72 (Gemma 3's SigLIP head size, whose ``1/sqrt(72)`` rounds differently in single and double
+precision), 2 blocks, ``scale_factor`` 4, so an image becomes ``(224 / 14 / 4)^2 = 16`` tokens.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ class MMProjSpec:
     text_width: int = 640  # gemma-3-270m's embedding_length
     image_size: int = 224
     patch_size: int = 14
-    width: int = 128
+    width: int = 144
     n_ff: int = 256
-    n_head: int = 4
+    n_head: int = 2
     n_layer: int = 2
     scale_factor: int = 4
     eps: float = 1e-6

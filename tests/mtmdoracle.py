@@ -15,6 +15,7 @@ The text model is loaded in full (mmap-ed, so cheap): with ``vocab_only`` its em
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class ImageChunk:
     embeddings: np.ndarray  # (n_tokens, n_embd) float32
     text_before: list[int]  # the tokens of the text chunk before the image (markers included)
     text_after: list[int]
+    tokenize_ns: int = 0  # mtmd_tokenize: preprocessing (resize, normalise) happens here
+    encode_ns: int = 0  # mtmd_encode_chunk: the encoder graph
 
 
 class MtmdOracle:
@@ -134,7 +137,9 @@ class MtmdOracle:
         try:
             inp = M.mtmd_input_text(text.encode(), len(text.encode()), True, True)
             bitmaps = (M.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            t0 = time.perf_counter_ns()
             rc = M.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), bitmaps, 1)
+            tokenize_ns = time.perf_counter_ns() - t0
             if rc != 0:
                 raise RuntimeError(f"mtmd_tokenize returned {rc}")
             kinds = []
@@ -149,7 +154,9 @@ class MtmdOracle:
                     toks = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
                     texts.append([toks[j] for j in range(n.value)])
                 elif kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                    t0 = time.perf_counter_ns()
                     rc = M.mtmd_encode_chunk(self.ctx, chunk)
+                    encode_ns = time.perf_counter_ns() - t0
                     if rc != 0:
                         raise RuntimeError(f"mtmd_encode_chunk returned {rc}")
                     n_tokens = M.mtmd_input_chunk_get_n_tokens(chunk)
@@ -164,6 +171,8 @@ class MtmdOracle:
                         embeddings=emb.reshape(n_tokens, self.n_embd),
                         text_before=[],
                         text_after=[],
+                        tokenize_ns=tokenize_ns,
+                        encode_ns=encode_ns,
                     )
             if image is None:
                 raise RuntimeError(f"no image chunk in {kinds}")

@@ -97,6 +97,26 @@ def test_jpeg_matches_libmtmd(pair, tmp_path: Path, size: tuple[int, int], subsa
     assert _report(f"JPEG {size} file ({levels} levels apart)", ours, oracle.embed_file(path)) < 0.05
 
 
+def test_gemma3_geometry_matches_libmtmd(gemma3: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Gemma 3's own geometry (896 px, 64 x 64 = 4096 patches pooled 4 x 4 to 256 tokens) on a
+    narrow tower: the long attention and the pooling agree too."""
+    spec = MMProjSpec(image_size=896, width=72, n_head=1, n_ff=128, n_layer=1)
+    proj = write_mmproj(tmp_path / "mmproj-896.gguf", spec, seed=5)
+    path = save(picture(1200, 900, seed=6), tmp_path / "p.png")
+    for flash in (True, False):
+        with MtmdOracle(gemma3, proj, flash=flash) as oracle:
+            enc = load_projector(proj, BackendOptions(num_threads=THREADS, flash_attention=flash))
+            try:
+                ours = enc.encode(enc.preprocess(path.read_bytes()))
+                want = oracle.embed_file(path)
+            finally:
+                enc.close()
+        assert ours.shape == want.shape == (256, 640)
+        diff = float(np.abs(ours - want).max())
+        print(f"896 px, 256 tokens, flash={flash}: max abs diff {diff:.3g}")
+        assert diff < TIGHT
+
+
 def test_alpha_grey_and_palette_pngs_decode_as_libmtmd_does(pair, tmp_path: Path) -> None:
     """Alpha is dropped (not composited), grey and palette images expand to RGB."""
     enc, oracle = pair

@@ -16,7 +16,6 @@ them) and multiplied with the kernel.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,7 +124,9 @@ class SelfAttention:
         self.v = Linear.load(w, f"{p}.attn_v")
         self.o = Linear.load(w, f"{p}.attn_out")
         self.n_head, self.n_head_kv, self.head_dim = c.n_head, c.n_head_kv, c.head_dim
-        self.scale = 1.0 / math.sqrt(c.head_dim)
+        # 1 / sqrtf(head_dim) in single precision, as clip.cpp computes it: for Gemma 3's 72-wide
+        # heads the double-precision value rounds to the next float, and the tokens move by ~1e-3
+        self.scale = float(np.float32(1.0) / np.sqrt(np.float32(c.head_dim)))
 
     def __call__(self, x: Tensor, n: int, flash: bool) -> Tensor:
         q = self.q(x).reshape(self.head_dim, self.n_head, n)
