@@ -107,6 +107,7 @@ def test_gemma3_geometry_matches_libmtmd(gemma3: Path, tmp_path: Path) -> None: 
         with MtmdOracle(gemma3, proj, flash=flash) as oracle:
             enc = load_projector(proj, BackendOptions(num_threads=THREADS, flash_attention=flash))
             try:
+                assert enc.reserve() > 0  # the compute buffer for the image graph, sized up front
                 ours = enc.encode(enc.preprocess(path.read_bytes()))
                 want = oracle.embed_file(path)
             finally:
@@ -118,13 +119,15 @@ def test_gemma3_geometry_matches_libmtmd(gemma3: Path, tmp_path: Path) -> None: 
 
 
 def test_alpha_grey_and_palette_pngs_decode_as_libmtmd_does(pair, tmp_path: Path) -> None:
-    """Alpha is dropped (not composited), grey and palette images expand to RGB."""
+    """Alpha is dropped (not composited), grey and palette images expand to RGB, 16-bit grey
+    keeps its high byte."""
     enc, oracle = pair
     rgb = picture(200, 150, seed=2)
     alpha = np.linspace(0, 255, 200 * 150, dtype=np.uint8).reshape(150, 200, 1)
     images = {
         "rgba": Image.fromarray(np.concatenate([rgb, alpha], axis=-1), "RGBA"),
         "grey": Image.fromarray(rgb[..., 1], "L"),
+        "grey16": Image.fromarray(rgb[..., 0].astype(np.uint16) * 256 + 100),
         "palette": Image.fromarray(rgb).quantize(64),
     }
     for name, img in images.items():

@@ -56,7 +56,8 @@ class Gemma3Projector:
 
 
 class Gemma3Vision:
-    """The image encoder of a gemma3 projector file (``clip.projector_type = gemma3``)."""
+    """The image encoder of a gemma3 projector file (``clip.projector_type = gemma3``). One
+    caller at a time (the batch loop): the graph is built once and re-run."""
 
     def __init__(self, gguf: GGUFFile, weights: Weights, backend: GGMLBackend) -> None:
         self.gguf = gguf
@@ -77,11 +78,10 @@ class Gemma3Vision:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], options: BackendOptions | None = None) -> Gemma3Vision:
-        """Open a gemma3 projector GGUF and map its weights. Raises GGUFError."""
+        """Open a gemma3 projector GGUF (:func:`runner.model.vision.load_projector` checks its
+        kind) and map its weights. Raises GGUFError."""
         gguf = GGUFFile.open(path)
         try:
-            if gguf.arch != "clip" or gguf.get("clip.projector_type") != "gemma3":
-                raise GGUFError(f"{path}: not a gemma3 projector (general.architecture clip, projector_type gemma3)")
             weights = gguf.load_weights()
         except Exception:
             gguf.close()

@@ -132,10 +132,12 @@ class SelfAttention:
         q = self.q(x).reshape(self.head_dim, self.n_head, n)
         k = self.k(x).reshape(self.head_dim, self.n_head_kv, n)
         v = self.v(x).reshape(self.head_dim, self.n_head_kv, n)
-        if flash:  # the fused kernel reads K and V in f16 (as clip.cpp casts them)
-            k, v = k.cast("f16"), v.cast("f16")
-        out = scaled_dot_product_attention(q, k, v, None, self.scale, flash=flash)
-        return self.o(out)
+        if flash:  # the fused kernel, K and V in f16 laid out head by head (as clip.cpp casts them)
+            k = k.permute(0, 2, 1, 3).cast("f16")  # [head_dim, n, n_head_kv]
+            v = v.permute(0, 2, 1, 3).cast("f16")
+            out = q.permute(0, 2, 1, 3).flash_attention(k, v, None, self.scale)  # [head_dim, n_head, n]
+            return self.o(out.reshape(self.head_dim * self.n_head, n))
+        return self.o(scaled_dot_product_attention(q, k, v, None, self.scale, flash=False))
 
 
 class MLP:
