@@ -130,6 +130,16 @@ class Tensor(Protocol):
         """``x / sqrt(mean(x^2) + eps)`` along ``ne0`` (no weight: multiply it yourself)."""
         ...
 
+    def norm(self, eps: float) -> Tensor:
+        """``(x - mean(x)) / sqrt(var(x) + eps)`` along ``ne0`` (LayerNorm without its weight
+        and bias: apply them yourself)."""
+        ...
+
+    def avg_pool_2d(self, k: int) -> Tensor:
+        """Average over non-overlapping ``k x k`` windows of ``ne0 x ne1`` (both must divide by
+        ``k``): ``[w, h, c, n]`` -> ``[w / k, h / k, c, n]``, f32."""
+        ...
+
     def mulmat(self, b: Tensor) -> Tensor:
         """GGML ``mul_mat(self, b)``: ``self [k, n, ...]``, ``b [k, m, ...]`` -> ``[n, m, ...]``
         (every row of ``b`` dotted with every row of ``self``; ``y = W x`` is

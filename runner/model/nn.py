@@ -16,6 +16,7 @@ from runner.model.gguf_weights import Weights
 
 __all__ = [
     "GeGLU",
+    "LayerNorm",
     "Linear",
     "RMSNorm",
     "Rotary",
@@ -52,6 +53,25 @@ class RMSNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.rms_norm(self.eps) * self.weight
+
+
+class LayerNorm:
+    """``(x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` over ``ne0`` (the bias when the
+    file has one)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, eps: float) -> None:
+        self.weight = weight
+        self.bias = bias
+        self.eps = eps
+
+    @classmethod
+    def load(cls, w: Weights, name: str, eps: float) -> LayerNorm:
+        """``{name}.weight`` and, when the file has it, ``{name}.bias``."""
+        return cls(w[f"{name}.weight"], w.get(f"{name}.bias"), eps)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = x.norm(self.eps) * self.weight
+        return y + self.bias if self.bias is not None else y
 
 
 @dataclass(frozen=True)

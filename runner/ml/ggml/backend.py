@@ -221,6 +221,17 @@ class GGMLTensor:
         c = self._graph()
         return GGMLTensor(g.ggml_rms_norm(c.ptr, self.ptr, eps), c)
 
+    def norm(self, eps: float) -> GGMLTensor:
+        c = self._graph()
+        return GGMLTensor(g.ggml_norm(c.ptr, self.ptr, eps), c)
+
+    def avg_pool_2d(self, k: int) -> GGMLTensor:
+        ne = self.ne
+        if ne[0] % k or ne[1] % k:
+            raise ValueError(f"avg_pool_2d: {list(self.shape)} does not divide by the kernel {k}")
+        c = self._graph()
+        return GGMLTensor(g.ggml_pool_2d(c.ptr, self.ptr, g.GGML_OP_POOL_AVG, k, k, k, k, 0.0, 0.0), c)
+
     def mulmat(self, b: GGMLTensor) -> GGMLTensor:
         a_ne, b_ne = self.ne, b.ne
         if a_ne[0] != b_ne[0] or b_ne[2] % a_ne[2] or b_ne[3] % a_ne[3]:

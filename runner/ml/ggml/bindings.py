@@ -132,6 +132,7 @@ class GGUF_TYPE:
 GGML_ROPE_TYPE_NORMAL = 0
 GGML_ROPE_TYPE_NEOX = 2
 GGML_PREC_F32 = 10
+GGML_OP_POOL_AVG = 1  # enum ggml_op_pool: MAX, AVG
 GGML_STATUS_SUCCESS = 0
 GGML_DEFAULT_GRAPH_SIZE = 2048
 GGML_BACKEND_BUFFER_USAGE_WEIGHTS = 1
@@ -207,6 +208,8 @@ ggml_add = _bind(_base, "ggml_add", P, [P, P, P])
 ggml_mul = _bind(_base, "ggml_mul", P, [P, P, P])
 ggml_scale = _bind(_base, "ggml_scale", P, [P, P, F])
 ggml_rms_norm = _bind(_base, "ggml_rms_norm", P, [P, P, F])
+ggml_norm = _bind(_base, "ggml_norm", P, [P, P, F])
+ggml_pool_2d = _bind(_base, "ggml_pool_2d", P, [P, P, c_int, c_int, c_int, c_int, c_int, F, F])
 ggml_silu = _bind(_base, "ggml_silu", P, [P, P])
 ggml_swiglu_split = _bind(_base, "ggml_swiglu_split", P, [P, P, P])
 ggml_gelu = _bind(_base, "ggml_gelu", P, [P, P])
