@@ -100,7 +100,7 @@ def test_first_prompt_token_is_kept(engine):
 
     r = load(None, engine)
     try:
-        assert not r.add_bos
+        assert not r.model_engine.add_bos
         im_start = r.tokenize("<|im_start|>", add_special=False)
         assert len(im_start) == 1
         for request, chat in ((Request(prompt="hi", options=Options(num_predict=1, temperature=0)), False),
@@ -111,7 +111,7 @@ def test_first_prompt_token_is_kept(engine):
         r.close()
     r = load(STORIES, engine)
     try:
-        assert r.add_bos
+        assert r.model_engine.add_bos
         bos = r.tokenize("", add_special=True)
         assert len(bos) == 1
         _, final = collect(r.generate(Request(prompt="Once upon", options=Options(num_predict=1, temperature=0))))
