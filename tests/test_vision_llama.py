@@ -165,9 +165,11 @@ def test_an_image_needs_a_batch_that_holds_it(gemma3, mmproj):  # noqa: F811
         r.close()
 
 
-def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj):  # noqa: F811
+@pytest.mark.parametrize("pipeline", [False, True], ids=["inline", "pipelined"])
+def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj, pipeline):  # noqa: F811
     """Two slots, each with its own image, decoding in the same batches: each answer equals the
-    one it gets alone (an image decodes into its own KV stream while the other slot generates)."""
+    one it gets alone (an image decodes into its own KV stream while the other slot generates;
+    with the pipelined loop, POLLAMA_PIPELINE, it waits for a moment when no batch decodes)."""
     import threading
 
     r = _load(gemma3, mmproj, num_ctx=256)
@@ -178,7 +180,7 @@ def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj): 
                    for k in range(2)]
         alone = [collect(r.chat(Request(messages=m, options=opts)))[0] for m in prompts]
         r.close()
-        cfg = dataclasses.replace(config.load({}), new_engine=False)
+        cfg = dataclasses.replace(config.load({}), new_engine=False, pipeline=pipeline)
         r2 = runner.load(str(gemma3), Options().merged({"num_ctx": 256, "num_batch": 64}), cfg,
                          num_parallel=2, projector=str(mmproj))
         together: list[str] = ["", ""]

@@ -22,6 +22,7 @@ import ctypes
 import io
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,9 +59,9 @@ class ImageChunk:
         self.handle, self.digest, self.n_tokens, self.non_causal = handle, digest, n_tokens, non_causal
 
     def __del__(self) -> None:
-        if self.handle:
-            M.mtmd_input_chunk_free(self.handle)
-            self.handle = 0
+        handle, self.handle = self.handle, 0
+        if handle and M is not None:  # None at interpreter shutdown
+            M.mtmd_input_chunk_free(handle)
 
 
 @dataclass
@@ -143,8 +144,6 @@ class Projector:
         if cached is not None:
             self._embeddings.move_to_end(chunk.digest)
             return cached
-        import time
-
         t0 = time.perf_counter_ns()
         rc = M.mtmd_encode_chunk(self._ctx, chunk.handle)
         if rc != 0:
@@ -178,8 +177,10 @@ class Projector:
 
 
 def _rgb(image: Image) -> tuple[Any, int, int]:
-    """The image's pixels as RGB bytes for ``mtmd_bitmap_init`` (Pillow decodes PNG, JPEG and
-    WEBP alike; transparency is dropped onto black, as stb_image's RGB load does)."""
+    """The image's pixels as RGB bytes for ``mtmd_bitmap_init``. Pillow decodes PNG, JPEG and WEBP
+    alike (libmtmd's own loader, stb_image, has no WEBP); an alpha channel is dropped, as
+    stb_image's 3-channel load does. JPEG decoders may differ from stb_image by a level here and
+    there; PNG pixels are identical."""
     from PIL import Image as PILImage
 
     with PILImage.open(io.BytesIO(image.data)) as img:
