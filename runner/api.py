@@ -1,7 +1,8 @@
 """The runner contract: what the CLI and the server see of an engine.
 
-Both engines (``runner.llamarunner`` over llama.cpp, ``runner.ollamarunner`` over our own GGML
-model code) implement :class:`Runner`. Everything here is plain data: requests go in, a stream of
+:class:`Runner` is what ``runner.load`` returns: the batch loop (``runner.engine``) holding one of
+the two engines (``runner.llamarunner`` over llama.cpp, ``runner.ollamarunner`` over our own GGML
+model code; their protocol is ``runner.enginespec.Engine``). Everything here is plain data: requests go in, a stream of
 :class:`Chunk` comes out, and errors are :class:`PollamaError` subclasses carrying a one-line
 message and the HTTP status the server answers with.
 """
@@ -78,10 +79,6 @@ class DoneReason(str, enum.Enum):
     UNLOAD = "unload"
 
 
-# Options that change how the model is loaded: a request that changes one of them reloads it.
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap")
-
-
 @dataclass
 class Options:
     """Ollama's options with Ollama's defaults (reference §5.3, PRE values).
@@ -130,9 +127,6 @@ class Options:
                 continue
             setattr(out, name, coerce_option(name, raw))
         return out
-
-    def load_key(self) -> tuple:
-        return tuple(getattr(self, n) for n in LOAD_OPTIONS)
 
 
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(Options)}
