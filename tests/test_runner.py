@@ -355,6 +355,54 @@ def test_old_engine_greedy_matches_llama_cpp_sampler_chain(penalties):
         r.close()
 
 
+TOPK_OPTION_SETS = [
+    {},  # pollama's defaults: temperature 0.8, top_k 40, top_p 0.9, repeat 1.1
+    {"temperature": 1.3, "top_k": 200, "top_p": 0.95, "min_p": 0.02, "repeat_last_n": -1},  # k > 128: bucket sort
+    {"temperature": 0.9, "top_k": 60, "typical_p": 0.7, "top_p": 1.0, "presence_penalty": 0.5,
+     "frequency_penalty": 0.3, "repeat_penalty": 1.3, "repeat_last_n": 16},
+    {"temperature": 2.0, "top_k": 5, "top_p": 1.0, "repeat_penalty": 1.0},
+]
+
+
+def old_engine_chain_tokens(r, monkeypatch, opts: dict, prompt: str, num_predict: int) -> tuple[list[int], list[int]]:
+    """The old engine's tokens for ``prompt`` sampled by the top_k-fed chain, then by llama.cpp's
+    full chain (``topk.applies`` patched off), both from an empty slot."""
+    import runner.llamarunner.topk as topk
+
+    def tokens() -> list[int]:
+        seen: list[int] = []
+        sample = r.model_engine.sample
+
+        def recording(sampler, row):
+            token = sample(sampler, row)
+            seen.append(token)
+            return token
+
+        options = Options().merged({"num_predict": num_predict, "seed": 11, **opts})
+        with monkeypatch.context() as m:
+            m.setattr(r.model_engine, "sample", recording)
+            collect(r.generate(Request(prompt=prompt, raw=True, options=options, cache_prompt=False)))
+        return seen
+
+    fed = tokens()
+    with monkeypatch.context() as m:
+        m.setattr(topk, "applies", lambda *a: False)
+        full = tokens()
+    return fed, full
+
+
+@pytest.mark.parametrize("opts", TOPK_OPTION_SETS, ids=["default", "k200-minp", "typical-penalties", "k5-hot"])
+def test_old_engine_top_k_chain_matches_llama_cpp_full_chain(opts, monkeypatch):
+    """Sampled requests with top_k give llama.cpp's chain only the top_k candidates (penalties
+    in NumPy): the same tokens, seed for seed, as the full chain over the whole vocabulary."""
+    r = load(None, "old", num_ctx=1024)
+    try:
+        fed, full = old_engine_chain_tokens(r, monkeypatch, opts, "The old lighthouse keeper", 64)
+        assert fed == full and len(fed) == 64
+    finally:
+        r.close()
+
+
 def test_an_embedding_leaves_a_warm_chat_slot_alone_while_another_is_free(engine):
     """Two slots: a chat warms one, an embedding comes, the next turn still finds its cache."""
     r = load(None, engine, num_parallel=2)

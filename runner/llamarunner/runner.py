@@ -6,7 +6,8 @@ one ``llama_batch`` with the inputs of every live sequence; the engine only adds
 batch, decodes it and samples with llama.cpp's
 sampler chain (penalties, top-k, typical, top-p, min-p, temperature, seeded draw; a GBNF grammar
 for ``format``). Greedy requests without a format take the shared NumPy sampler instead (the
-same penalties and argmax, without the chain's per-token copy of every candidate).
+same penalties and argmax, without the chain's per-token copy of every candidate); sampled ones
+with top_k and no format give the chain only the top_k candidates (:mod:`.topk`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..inputcache import ImageInput, Input
 from ..loadplan import LoadOptions
 from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
+from . import topk
 from .cache import LlamaKv
 from .embed import EmbedContext
 from .vision import Projector
@@ -304,6 +306,9 @@ class LlamaEngine:
             if greedy.penalize:
                 greedy.accept_many(prompt[-greedy.history.maxlen:])
             return greedy
+        if topk.applies(opts, grammar is not None, self.n_vocab):
+            # llama.cpp's chain after top_k, fed only the top_k candidates (same tokens)
+            return topk.TopKChain(opts, prompt, self.num_ctx)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if grammar is not None:
             g = init_sampler(self._vocab, grammar)
@@ -338,7 +343,9 @@ class LlamaEngine:
         return chain
 
     def free_sampler(self, sampler: Any) -> None:
-        if not isinstance(sampler, Sampler):
+        if isinstance(sampler, topk.TopKChain):
+            sampler.close()
+        elif not isinstance(sampler, Sampler):
             L.llama_sampler_free(sampler)
 
     def sample(self, sampler: Any, row: int) -> int:
@@ -346,6 +353,8 @@ class LlamaEngine:
             token = sampler.sample(self.logits(row))
             sampler.accept(token)
             return token
+        if isinstance(sampler, topk.TopKChain):
+            return sampler.sample(self.logits(row))
         return int(L.llama_sampler_sample(sampler, self._ctx, row))
 
     def close(self) -> None:

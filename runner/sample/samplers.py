@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Sampler", "SamplerOptions", "apply_penalties"]
+__all__ = ["Sampler", "SamplerOptions", "apply_penalties", "penalized", "top_ids"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def apply_penalties(
 ) -> np.ndarray:
     """llama.cpp's penalties of ``recent`` tokens applied to a *copy* of ``logits`` (returned);
     returns ``logits`` itself when nothing applies."""
-    changed = _penalized(logits, recent, repeat_penalty, presence_penalty, frequency_penalty)
+    changed = penalized(logits, recent, repeat_penalty, presence_penalty, frequency_penalty)
     if changed is None:
         return logits
     out = logits.copy()
@@ -75,7 +75,7 @@ def apply_penalties(
     return out
 
 
-def _penalized(
+def penalized(
     logits: np.ndarray,
     recent: Sequence[int] | np.ndarray,
     repeat_penalty: float,
@@ -169,7 +169,7 @@ class Sampler:
         o = self.options
         changed = None
         if self.penalize and self.history:
-            changed = _penalized(logits, self.history, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+            changed = penalized(logits, self.history, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
         if changed is None:
             return self._pick(logits)
         ids, vals = changed
