@@ -125,15 +125,16 @@ def _new_engine_runs(info: ModelInfo) -> bool:
     """Whether the new engine implements ``info``'s architecture and tokenizer (one notice when not)."""
     from .model.tokenizer import refusal
     from .ollamarunner import supports
+    from .ollamarunner.vision import supports as supports_images
 
-    if info.vision:
-        log.warning("the new engine does not take images yet; using the old engine")
-        return False
     if not supports(info.architecture):
         log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)
         return False
     why = refusal(info.metadata)
     if why is not None:
         log.warning("the new engine cannot tokenize this model (%s); using the old engine", why)
+        return False
+    if info.projector is not None and not supports_images(info.architecture, info.projector):
+        log.warning("the new engine does not take this model's images yet; using the old engine")
         return False
     return True

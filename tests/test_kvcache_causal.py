@@ -49,6 +49,7 @@ class B:
     def __init__(self, positions: list[int], sequences: list[int]) -> None:
         self.positions = positions
         self.sequences = sequences
+        self.causal_except: list[int] = []
 
 
 def make_cache(

@@ -29,6 +29,7 @@ class _LayoutOnly:
 class _Batch:
     positions: list[int]
     sequences: list[int]
+    causal_except: tuple[int, ...] = ()
 
 
 def _slots(window: int, parallel: int, ctx: int = 32) -> InputCache:

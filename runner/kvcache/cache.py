@@ -74,6 +74,12 @@ class Batch(Protocol):
     @property
     def sequences(self) -> Sequence[int]: ...
 
+    @property
+    def causal_except(self) -> Sequence[int]:
+        """Batch indices that also see the later positions of their sequence in the batch (an
+        image's rows, non-causal among themselves); empty for an all-causal batch."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------- cache
 class Cache(Protocol):

@@ -188,7 +188,8 @@ class CausalCache:
     def start_forward(self, ctx: Any, batch: Batch, reserve: bool) -> None:
         """See ``Cache.start_forward``. ``ctx`` is not used here: the locations and mask become
         graph inputs when a layer first calls :meth:`put`/:meth:`get` in a graph."""
-        self._plan = self._table().start_forward(batch.positions, batch.sequences, reserve=reserve)
+        self._plan = self._table().start_forward(batch.positions, batch.sequences, reserve=reserve,
+                                                 causal_except=batch.causal_except)
 
     @property
     def plan(self) -> ForwardPlan:

@@ -205,7 +205,8 @@ class LlamaEngine:
         self.vision: Projector | None = None  # libmtmd, when the model has a projector
         if info.projector:
             try:
-                self.vision = Projector(info.projector, self._model, load.num_thread, self._n_embd)
+                self.vision = Projector(info.projector, self._model, load.num_thread, self._n_embd,
+                                        flash_attention=load.flash_attention)
             except Exception:
                 self.close()
                 raise

@@ -75,12 +75,15 @@ class Projector:
     """libmtmd for one loaded text model. Tokenizing may run on any thread; encode and decode run
     on the loop thread (they use the llama context)."""
 
-    def __init__(self, path: str, model: Any, n_threads: int, n_embd: int) -> None:
+    def __init__(self, path: str, model: Any, n_threads: int, n_embd: int, flash_attention: bool = False) -> None:
+        """``flash_attention`` as the text model runs (not libmtmd's own "auto"): the new engine's
+        encoder follows the same setting, so both engines make the same embeddings."""
         params = M.mtmd_context_params_default()
         params.use_gpu = False
         params.n_threads = max(1, n_threads)
         params.print_timings = False
         params.warmup = False
+        params.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._ctx = M.mtmd_init_from_file(path.encode(), model, params)
         if not self._ctx:
             raise InvalidModel(f"cannot load the vision projector {path}: libmtmd refused it (see OLLAMA_DEBUG=2)")

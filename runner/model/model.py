@@ -48,6 +48,12 @@ class Batch:
     sequences: Sequence[int]
     outputs: Sequence[int]
     embeddings: bool = False  # return the final normed hidden states instead of logits
+    # float32 ``(n_tokens, n_embd)``: the inputs' embeddings as given (an image's soft tokens),
+    # used instead of ``tokens``' rows of the embedding table (and not scaled as those are)
+    embeds: np.ndarray | None = None
+    # batch indices that also see the later positions of their sequence in this batch (gemma3's
+    # image rows attend to each other both ways); every other input is causal
+    causal_except: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -57,6 +63,8 @@ class Batch:
             )
         if len(self.outputs) == 0:
             raise ValueError("batch without outputs")
+        if self.embeds is not None and self.embeds.shape[0] != n:
+            raise ValueError(f"bad batch: {n} tokens, {self.embeds.shape[0]} embedding rows")
 
     @classmethod
     def sequence(cls, tokens: Sequence[int], start: int = 0, seq: int = 0, all_logits: bool = False) -> Batch:
@@ -75,14 +83,16 @@ class Batch:
 class BatchInputs:
     """The graph's view of a :class:`Batch`: i32 input tensors ``tokens [n_tokens]``,
     ``positions [n_tokens]`` and ``outputs [n_outputs]`` (``None`` when every token is an
-    output, so no row selection is needed)."""
+    output, so no row selection is needed); for a batch of given embeddings, ``embeds`` (f32
+    ``[n_embd, n_tokens]``) instead of ``tokens`` (then ``None``)."""
 
-    tokens: GGMLTensor
+    tokens: GGMLTensor | None
     positions: GGMLTensor
     outputs: GGMLTensor | None
     n_tokens: int
     n_outputs: int
     embeddings: bool = False
+    embeds: GGMLTensor | None = None
 
 
 # ---------------------------------------------------------------------------------- statistics
@@ -186,15 +196,17 @@ class Model:
             raise ModelLoadError(f"cannot allocate the KV cache for num_ctx {num_ctx}: {e}") from e
         self.reserve(num_batch, n_outputs=num_parallel)
 
-    def reserve(self, n_tokens: int, n_outputs: int = 1) -> int:
-        """Build the worst-case graph (``n_tokens`` tokens attending to the whole cache) and size
-        the compute buffer for it; returns the compute buffer's bytes."""
+    def reserve(self, n_tokens: int, n_outputs: int = 1, embeds: bool = False) -> int:
+        """Build the worst-case graph (``n_tokens`` tokens attending to the whole cache; with
+        ``embeds``, given embeddings instead of tokens: an image batch) and size the compute
+        buffer for it (the buffer only grows); returns the compute buffer's bytes."""
         n_outputs = max(1, min(n_outputs, n_tokens))
         batch = Batch(
             tokens=[0] * n_tokens,
             positions=list(range(n_tokens)),
             sequences=[0] * n_tokens,
             outputs=list(range(n_tokens - n_outputs, n_tokens)),
+            embeds=np.zeros((n_tokens, self.n_embd), dtype=np.float32) if embeds else None,
         )
         cache = self.cache
         try:
@@ -228,13 +240,15 @@ class Model:
         outputs = None
         if n_out != n:
             outputs = ctx.input("outputs", np.asarray(batch.outputs, dtype=np.int32))
+        given = batch.embeds is not None
         return BatchInputs(
-            tokens=ctx.input("tokens", np.asarray(batch.tokens, dtype=np.int32)),
+            tokens=None if given else ctx.input("tokens", np.asarray(batch.tokens, dtype=np.int32)),
             positions=ctx.input("positions", np.asarray(batch.positions, dtype=np.int32)),
             outputs=outputs,
             n_tokens=n,
             n_outputs=n_out,
             embeddings=batch.embeddings,
+            embeds=ctx.input("embeds", np.asarray(batch.embeds, dtype=np.float32)) if given else None,
         )
 
     def compute(self, batch: Batch) -> np.ndarray:
@@ -256,7 +270,7 @@ class Model:
         if len(batch.tokens) > cache.max_batch:
             raise ValueError(f"batch of {len(batch.tokens)} tokens, the cache was sized for {cache.max_batch}")
         cache.start_forward(None, batch, reserve=False)
-        key = (len(batch.tokens), len(batch.outputs), batch.embeddings, cache.graph_key())
+        key = (len(batch.tokens), len(batch.outputs), batch.embeddings, batch.embeds is not None, cache.graph_key())
         graph = self._graphs.get(key)
         t1 = time.perf_counter_ns()
         if graph is None:
@@ -270,6 +284,8 @@ class Model:
             ctx.set_input("positions", np.asarray(batch.positions, dtype=np.int32))
             if ctx.has_input("outputs"):
                 ctx.set_input("outputs", np.asarray(batch.outputs, dtype=np.int32))
+            if batch.embeds is not None:
+                ctx.set_input("embeds", np.asarray(batch.embeds, dtype=np.float32))
             for name, data in cache.graph_inputs().items():
                 if ctx.has_input(name):
                     ctx.set_input(name, data)
@@ -281,10 +297,11 @@ class Model:
     def execute(self, prepared: Prepared, tokens: np.ndarray, started: threading.Event | None = None) -> np.ndarray:
         """:meth:`compute`'s second half: set the token ids (int32 ``[n_tokens]``), compute, and
         return the logits. ``started`` is set once the inputs are uploaded (the next
-        :meth:`prepare` may begin)."""
+        :meth:`prepare` may begin). A batch of given embeddings has no token ids to set."""
         graph = prepared.graph
         t2 = time.perf_counter_ns()
-        graph.ctx.set_input("tokens", tokens)
+        if graph.ctx.has_input("tokens"):
+            graph.ctx.set_input("tokens", tokens)
         graph.ctx.compute(graph.logits, started=started)
         t3 = time.perf_counter_ns()
         graph.logits.read_into(graph.out)  # [n_vocab, n_outputs] f32 into the reused array

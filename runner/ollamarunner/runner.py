@@ -26,6 +26,7 @@ from ..model.models import Batch, ModelLoadError, supported_architectures
 from ..model.models import load as load_model
 from ..sample import Sampler, SamplerOptions
 from ..sample.grammar import GrammarSampler, VocabOnly
+from .vision import Vision, projector_type
 
 log = logging.getLogger(__name__)
 
@@ -127,20 +128,30 @@ class GGMLEngine:
         (Ollama leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so)."""
         num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
         self.info = info
-        self.num_ctx = num_ctx
+        self.num_ctx, self.num_batch = num_ctx, num_batch
         self.batch_capacity = num_batch  # one cell pool: num_batch tokens a decode in all
+        options = BackendOptions(num_threads=load.num_thread, flash_attention=load.flash_attention)
         try:
             self._tok = load_tokenizer(info.path)
-            self.model = load_model(info.path, BackendOptions(num_threads=load.num_thread,
-                                                              flash_attention=load.flash_attention))
+            self.model = load_model(info.path, options)
         except ModelLoadError as err:
             raise InvalidModel(str(err)) from None
+        self.vision: Vision | None = None
         try:
             self.model.init_cache(num_ctx * num_parallel, num_parallel, num_batch, load.kv_cache_type)
+            if info.projector is not None:
+                # the worst-case image batch (num_batch given embeddings) in the compute buffer,
+                # and the encoder's own graph: a vision model that loads cannot fail mid-answer
+                self.model.reserve(num_batch, embeds=True)
+                self.vision = Vision(info.projector, projector_type(info.projector) or "", self.model, options)
         except ModelLoadError as err:
             self.model.close()
             raise LoadError(str(err)) from None
-        self.memory_size = self.model.memory_size  # KV cache (all layers, windows sized) + compute
+        except Exception:
+            self.model.close()
+            raise
+        # KV cache (all layers, windows sized) + compute buffers (text; image encoder)
+        self.memory_size = self.model.memory_size + (self.vision.memory_size if self.vision is not None else 0)
         self.kv = CacheKv(self.model.cache)
         self.n_vocab = self._tok.n_vocab
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
@@ -212,10 +223,14 @@ class GGMLEngine:
         return self._out[self._rows[row]]
 
     def image_inputs(self, image: Image) -> list[Input]:
-        raise NoVision()  # runner.load gives a model with a projector to the old engine
+        if self.vision is None:
+            raise NoVision()
+        return self.vision.image_inputs(image)
 
     def decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
-        raise NoVision()
+        if self.vision is None:
+            raise NoVision()
+        self.vision.decode(image, pos, seq_id, self.num_batch)
 
     def embed_lanes(self) -> _Lanes:
         return self._lanes
@@ -244,5 +259,7 @@ class GGMLEngine:
         if self._vocab is not None:
             self._vocab.close()
             self._vocab = None
+        if self.vision is not None:
+            self.vision.close()
         self.model.close()
 

@@ -184,7 +184,11 @@ class Gemma3(Model):
     def forward(self, ctx: GraphContext, batch: BatchInputs) -> Tensor:
         cache = self.cache
         assert isinstance(cache, WrapperCache)
-        h = self.embed.rows(batch.tokens).scale(math.sqrt(self.n_embd))  # [n_embd, n_tokens]
+        if batch.embeds is not None:
+            h = batch.embeds  # an image's soft tokens: not scaled (as llama.cpp takes them)
+        else:
+            assert batch.tokens is not None
+            h = self.embed.rows(batch.tokens).scale(math.sqrt(self.n_embd))  # [n_embd, n_tokens]
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             cache.set_layer(i)

@@ -167,6 +167,7 @@ class Llama(Model):
         return SelfAttention(w, i, self.config, self.rope)
 
     def forward(self, ctx: GraphContext, batch: BatchInputs) -> Tensor:
+        assert batch.tokens is not None  # no architecture here takes given embeddings
         h = self.embed.rows(batch.tokens)  # [n_embd, n_tokens]
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
