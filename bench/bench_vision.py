@@ -1,6 +1,6 @@
 """Time to first token with one image, cold vs second turn (cached), on the old engine (libmtmd),
 and the vision encoder's time per image. gemma-3-270m with the random-weight gemma3 projector of
-tests/mmproj_min.py (224 px, patch 14, width 128, 2 blocks, 16 image tokens): the numbers say what
+tests/mmproj.py (224 px, patch 14, width 144, 2 blocks, 16 image tokens): the numbers say what
 the image path costs around the encoder, not what a real SigLIP tower (27 blocks, 896 px) costs.
 
     python bench/bench_vision.py [--reps 5] [--threads 2]
@@ -27,7 +27,7 @@ import runner  # noqa: E402
 from runner import config  # noqa: E402
 from runner.api import Message, Options, Request  # noqa: E402
 from runner.images import image_from_bytes  # noqa: E402
-from tests.mmproj_min import write_mmproj  # noqa: E402
+from tests.mmproj import write_mmproj  # noqa: E402
 
 GEMMA3 = Path.home() / ".cache" / "pollama-test-models" / "gemma-3-270m-q4_k_m.gguf"
 

@@ -11,7 +11,7 @@ import re
 import pytest
 from PIL import Image as PILImage
 
-from tests.mmproj_min import write_mmproj
+from tests.mmproj import write_mmproj
 from tests.test_cli import metrics, run_cli, spawn_repl
 from tests.test_gemma3 import gemma3  # noqa: F401  (the fixture)
 

@@ -1,5 +1,5 @@
 """Images on the old engine (libmtmd), with gemma-3-270m and a random-weight gemma3 projector
-(tests/mmproj_min.py): libmtmd's own prompt evaluation is the oracle for the greedy tokens after an
+(tests/mmproj.py): libmtmd's own prompt evaluation is the oracle for the greedy tokens after an
 image; the slot cache keeps an image by identity, so a second turn neither encodes nor decodes it.
 Random weights give junk text: the tests compare tokens and counts, never meaning."""
 
@@ -21,10 +21,11 @@ from runner import config
 from runner.api import InvalidModel, InvalidRequest, Message, NoVision, Options, Request
 from runner.images import image_from_bytes
 from tests.conftest import STORIES, collect
-from tests.mmproj_min import IMAGE_TOKENS, write_mmproj
+from tests.mmproj import MMProjSpec, write_mmproj
 from tests.test_gemma3 import gemma3  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
+IMAGE_TOKENS = MMProjSpec().n_tokens  # 16
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "seed": 1}
 
 

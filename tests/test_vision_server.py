@@ -15,7 +15,7 @@ import pytest
 from PIL import Image as PILImage
 
 from conftest import STORIES
-from mmproj_min import write_mmproj
+from mmproj import write_mmproj
 from serverproc import ServerProcess
 from test_gemma3 import gemma3  # noqa: F401  (the fixture)
 
