@@ -88,8 +88,8 @@ def fit_to_runner(request: Request, model: LoadedModel) -> None:
     opts = request.options
     if opts.repeat_last_n > model.runner.num_ctx:
         opts.repeat_last_n = model.runner.num_ctx
-    n_vocab = getattr(model.runner, "n_vocab", None)
-    if request.context and n_vocab is not None:
+    n_vocab = model.runner.n_vocab
+    if request.context:
         if any(not isinstance(t, int) or t < 0 or t >= n_vocab for t in request.context):
             raise InvalidRequest(f"invalid context: token ids must be in [0, {n_vocab})")
 
