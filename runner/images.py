@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import dataclasses
 import hashlib
 import io
 import re
-from typing import Sequence
+import time
+from typing import Callable, Sequence
+
+import numpy as np
 
 from .api import Image, InvalidRequest, Message
 
@@ -143,3 +147,40 @@ def split_prompt(text: str, images: Sequence[Image]) -> list[str | Image]:
         last = match.end()
     out.append(text[last:])
     return [piece for piece in out if not isinstance(piece, str) or piece]
+
+
+# ------------------------------------------------------------------ embeddings on the host
+@dataclasses.dataclass
+class VisionStats:
+    encodes: int = 0  # vision encoder runs (one per image not in the embedding cache)
+    decodes: int = 0  # images decoded into a slot
+    encode_ns: int = 0
+
+
+class EmbeddingCache:
+    """The embeddings of the last ``size`` images, kept on the host by identity (the sha256 of
+    the bytes), so an image a conversation sends again is not encoded again. Both engines'
+    projectors keep one; ``stats`` counts what the encoder and the decodes did."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._items: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+        self.stats = VisionStats()
+
+    def get(self, digest: str, encode: Callable[[], np.ndarray]) -> np.ndarray:
+        """The embeddings of image ``digest``: cached, or ``encode()``'s (then cached)."""
+        hit = self._items.get(digest)
+        if hit is not None:
+            self._items.move_to_end(digest)
+            return hit
+        t0 = time.perf_counter_ns()
+        out = encode()
+        self.stats.encodes += 1
+        self.stats.encode_ns += time.perf_counter_ns() - t0
+        self._items[digest] = out
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return out
+
+    def clear(self) -> None:
+        self._items.clear()

@@ -17,13 +17,10 @@ causal attention off for models whose image tokens attend to each other both way
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import io
 import logging
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp as L
@@ -31,6 +28,7 @@ import llama_cpp.mtmd_cpp as M
 import numpy as np
 
 from ..api import Image, InvalidModel, InvalidRequest, LoadError
+from ..images import EmbeddingCache
 from ..inputcache import ImageInput, Input
 
 log = logging.getLogger(__name__)
@@ -38,7 +36,6 @@ mtmd_log = logging.getLogger("llama.cpp.mtmd")
 
 MTMD_INPUT_CHUNK_TYPE_TEXT = 0
 MTMD_INPUT_CHUNK_TYPE_IMAGE = 1
-EMBEDDING_CACHE = 8  # images whose embeddings stay on the host
 
 
 def _on_mtmd_log(level: int, text: bytes, _user: Any) -> None:
@@ -64,13 +61,6 @@ class ImageChunk:
             M.mtmd_input_chunk_free(handle)
 
 
-@dataclass
-class VisionStats:
-    encodes: int = 0  # vision tower runs (one per image not in the embedding cache)
-    decodes: int = 0  # image chunks decoded into a slot
-    encode_ns: int = 0
-
-
 class Projector:
     """libmtmd for one loaded text model. Tokenizing may run on any thread; encode and decode run
     on the loop thread (they use the llama context)."""
@@ -94,8 +84,8 @@ class Projector:
         self._marker = M.mtmd_default_marker()
         self._n_embd = n_embd
         self._lock = threading.Lock()  # tokenize (any thread) vs. close
-        self._embeddings: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
-        self.stats = VisionStats()
+        self._embeddings = EmbeddingCache()
+        self.stats = self._embeddings.stats
 
     # ------------------------------------------------------------------------- tokenize
     def image_inputs(self, image: Image) -> list[Input]:
@@ -143,22 +133,14 @@ class Projector:
     # ---------------------------------------------------------------------- encode/decode
     def embedding(self, chunk: ImageChunk) -> np.ndarray:
         """The image's embeddings (n_tokens × n_embd), from the cache or from the vision tower."""
-        cached = self._embeddings.get(chunk.digest)
-        if cached is not None:
-            self._embeddings.move_to_end(chunk.digest)
-            return cached
-        t0 = time.perf_counter_ns()
-        rc = M.mtmd_encode_chunk(self._ctx, chunk.handle)
-        if rc != 0:
-            raise LoadError(f"the vision encoder failed (code {rc})")
-        ptr = M.mtmd_get_output_embd(self._ctx)
-        out = np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * self._n_embd,)).copy()
-        self.stats.encodes += 1
-        self.stats.encode_ns += time.perf_counter_ns() - t0
-        self._embeddings[chunk.digest] = out
-        while len(self._embeddings) > EMBEDDING_CACHE:
-            self._embeddings.popitem(last=False)
-        return out
+        def encode() -> np.ndarray:
+            rc = M.mtmd_encode_chunk(self._ctx, chunk.handle)
+            if rc != 0:
+                raise LoadError(f"the vision encoder failed (code {rc})")
+            ptr = M.mtmd_get_output_embd(self._ctx)
+            return np.ctypeslib.as_array(ptr, shape=(chunk.n_tokens * self._n_embd,)).copy()
+
+        return self._embeddings.get(chunk.digest, encode)
 
     def decode(self, lctx: Any, chunk: ImageChunk, pos: int, seq_id: int, n_batch: int) -> None:
         """Put the image's embeddings at positions pos.. of ``seq_id`` in the KV cache."""

@@ -15,15 +15,13 @@ what its sequence already holds (the text before the image and the earlier piece
 
 from __future__ import annotations
 
-import collections
 import logging
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..api import Image, InvalidModel, LoadError
+from ..images import EmbeddingCache
 from ..inputcache import ImageInput, Input
 from ..ml.backend import BackendOptions
 from ..model.gguf_weights import GGUFError, GGUFFile
@@ -33,7 +31,6 @@ from ..model.vision import ImageEncoder, load_projector
 
 log = logging.getLogger(__name__)
 
-EMBEDDING_CACHE = 8  # images whose embeddings stay on the host
 #: projector types the new engine decodes, with the text architecture each goes with and the
 #: tokens that wrap an image (the old engine, libmtmd, serves every other one)
 LAYOUTS: dict[str, tuple[str, int, int]] = {"gemma3": ("gemma3", GEMMA3_START_OF_IMAGE, GEMMA3_END_OF_IMAGE)}
@@ -53,13 +50,6 @@ def supports(architecture: str, projector: str) -> bool:
     """Whether the new engine takes images for this text architecture with this projector."""
     layout = LAYOUTS.get(projector_type(projector) or "")
     return layout is not None and layout[0] == architecture
-
-
-@dataclass
-class VisionStats:
-    encodes: int = 0  # encoder runs (one per image not in the embedding cache)
-    decodes: int = 0  # images decoded into a slot
-    encode_ns: int = 0
 
 
 class Vision:
@@ -82,8 +72,8 @@ class Vision:
             self.encoder.close()
             raise LoadError(f"cannot allocate the vision encoder's compute buffer: {err}") from None
         self._model = model
-        self._embeddings: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
-        self.stats = VisionStats()
+        self._embeddings = EmbeddingCache()
+        self.stats = self._embeddings.stats
 
     @property
     def n_tokens(self) -> int:
@@ -100,18 +90,7 @@ class Vision:
 
     def embedding(self, image: ImageInput) -> np.ndarray:
         """The image's soft tokens ``(count, n_embd)``, from the host cache or the encoder."""
-        cached = self._embeddings.get(image.digest)
-        if cached is not None:
-            self._embeddings.move_to_end(image.digest)
-            return cached
-        t0 = time.perf_counter_ns()
-        out = self.encoder.encode(image.source)
-        self.stats.encodes += 1
-        self.stats.encode_ns += time.perf_counter_ns() - t0
-        self._embeddings[image.digest] = out
-        while len(self._embeddings) > EMBEDDING_CACHE:
-            self._embeddings.popitem(last=False)
-        return out
+        return self._embeddings.get(image.digest, lambda: self.encoder.encode(image.source))
 
     def decode(self, image: ImageInput, pos: int, seq_id: int, num_batch: int) -> None:
         """Put the image's rows at positions ``pos..pos+count-1`` of ``seq_id``, ``num_batch``
