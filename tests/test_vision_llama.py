@@ -166,6 +166,28 @@ def test_an_image_needs_a_batch_that_holds_it(gemma3, mmproj):  # noqa: F811
         r.close()
 
 
+def _greedy_steps(r, messages, opts) -> list:
+    """The greedy answer to ``messages``, one TokenLogprob (with the top two candidates) a token."""
+    steps = []
+    for chunk in r.chat(Request(messages=messages, options=opts, logprobs=True, top_logprobs=2)):
+        steps.extend(chunk.logprobs or [])
+    return steps
+
+
+def _assert_same_answer(got: list, want: list, margin: float = 0.05) -> None:
+    """Two greedy answers agree token for token, or up to a flip between two candidates that
+    were tied within ``margin`` (random weights give near-flat logits, and llama.cpp's CPU
+    kernels round a row differently with a different number of rows in its batch: which rows
+    share a batch depends on timing when two slots decode at once)."""
+    for k, (g, w) in enumerate(zip(got, want)):
+        if g.token != w.token:
+            top = w.top_logprobs
+            assert len(top) >= 2 and {g.token, w.token} <= {t.token for t in top[:2]}, (k, g, w)
+            assert abs(top[0].logprob - top[1].logprob) < margin, (k, top[:2])
+            return
+    assert len(got) == len(want)
+
+
 @pytest.mark.parametrize("pipeline", [False, True], ids=["inline", "pipelined"])
 def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj, pipeline):  # noqa: F811
     """Two slots, each with its own image, decoding in the same batches: each answer equals the
@@ -179,22 +201,23 @@ def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj, p
         opts = Options().merged({**GREEDY, "num_predict": 10})
         prompts = [[Message("user", f"Picture {k}?", images=[image_from_bytes(picture(90, 70, seed=20 + k))])]
                    for k in range(2)]
-        alone = [collect(r.chat(Request(messages=m, options=opts)))[0] for m in prompts]
+        alone = [_greedy_steps(r, m, opts) for m in prompts]
         r.close()
         cfg = dataclasses.replace(config.load({}), new_engine=False, pipeline=pipeline)
         r2 = runner.load(str(gemma3), Options().merged({"num_ctx": 256, "num_batch": 64}), cfg,
                          num_parallel=2, projector=str(mmproj))
-        together: list[str] = ["", ""]
+        together: list[list] = [[], []]
 
         def ask(k: int) -> None:
-            together[k] = collect(r2.chat(Request(messages=prompts[k], options=opts)))[0]
+            together[k] = _greedy_steps(r2, prompts[k], opts)
 
         threads = [threading.Thread(target=ask, args=(k,)) for k in range(2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
-        assert together == alone
+        for got, want in zip(together, alone):
+            _assert_same_answer(got, want)
         assert r2.model_engine.vision.stats.encodes == 2
     finally:
         r.close()
