@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import random
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -329,15 +328,7 @@ class LlamaEngine:
         else:
             if opts.top_k > 0:
                 L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(opts.top_k))
-            if 0 < opts.typical_p < 1:
-                L.llama_sampler_chain_add(chain, L.llama_sampler_init_typical(opts.typical_p, 1))
-            if 0 < opts.top_p < 1:
-                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(opts.top_p, 1))
-            if opts.min_p > 0:
-                L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(opts.min_p, 1))
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(opts.temperature))
-            seed = opts.seed if opts.seed >= 0 else random.getrandbits(32)
-            L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+            topk.add_after_top_k(chain, opts)
         if penalties is not None:
             for token in prompt[-last_n:]:  # repeat penalties see the prompt (Ollama's Accept)
                 L.llama_sampler_accept(penalties, token)

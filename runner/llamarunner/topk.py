@@ -31,9 +31,16 @@ def applies(opts: Options, has_grammar: bool, n_vocab: int) -> bool:
 
 
 def after_top_k(opts: Options) -> int:
-    """A llama.cpp chain of the samplers that follow top_k in the full chain: typical, top_p,
-    min_p, temperature, the seeded draw (the caller frees it)."""
+    """A llama.cpp chain of the samplers that follow top_k in the full chain (the caller frees
+    it)."""
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    add_after_top_k(chain, opts)
+    return chain
+
+
+def add_after_top_k(chain: int, opts: Options) -> None:
+    """Append to ``chain`` what follows top_k in a sampled chain: typical, top_p, min_p,
+    temperature, the seeded draw (one rule for the full chain and :class:`TopKChain`)."""
     if 0 < opts.typical_p < 1:
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_typical(opts.typical_p, 1))
     if 0 < opts.top_p < 1:
@@ -43,7 +50,6 @@ def after_top_k(opts: Options) -> int:
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(opts.temperature))
     seed = opts.seed if opts.seed >= 0 else random.getrandbits(32)
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-    return chain
 
 
 class TopKChain:
