@@ -77,22 +77,28 @@ def hungry(tmp_path_factory) -> Path:
     return write_kv_hungry_model(tmp_path_factory.mktemp("hungry") / "hungry.gguf")
 
 
-def _limit_address_space() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (SAFETY_AS, resource.getrlimit(resource.RLIMIT_AS)[1]))
+# Runs ``argv`` under an address-space limit and prints its peak RSS as the last line of stderr.
+# A process's peak RSS counts the pages of the process it was forked from (fork copies the page
+# tables; exec keeps the high-water mark), so measuring `pollama` as pytest's own child would count
+# pytest's memory; this small launcher is the parent whose pages it inherits instead.
+_MEASURE = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_AS)[1]))
+pid = os.posix_spawn(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+print(f"peak-rss {usage.ru_maxrss * 1024}", file=sys.stderr)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def run_measured(args: list[str], home, **env) -> tuple[int, str, float, int]:
     """(exit status, stderr, seconds, peak RSS in bytes) of ``pollama ARGS``."""
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=cli_env(home, **env), preexec_fn=_limit_address_space)
-    proc.stdout.read()
-    stderr = proc.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    proc.stdout.close()
-    proc.stderr.close()
-    return proc.returncode, stderr, time.monotonic() - t0, usage.ru_maxrss * 1024
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, str(SAFETY_AS), sys.executable, "-m", "cli.main", *args],
+                          capture_output=True, env=cli_env(home, **env))
+    stderr, _, last = proc.stderr.decode(errors="replace").rstrip("\n").rpartition("\n")
+    assert last.startswith("peak-rss "), proc.stderr
+    return proc.returncode, stderr, time.monotonic() - t0, int(last.split()[1])
 
 
 def _one_line(stderr: str) -> str:
