@@ -602,6 +602,10 @@ class GGMLBackend:
         g.ggml_backend_cpu_set_n_threads(self.ptr, self.num_threads)
         self.buft = g.ggml_backend_get_default_buffer_type(self.ptr)
         self.allocator = g.ggml_gallocr_new(self.buft)
+        # the graph (and its node count) whose tensors hold addresses in the allocator's buffer
+        # now: computing it again unchanged (a decode step reusing its graph) needs no new
+        # allocation, as in llama.cpp's graph reuse
+        self._allocated: tuple[GraphContext, int] | None = None
         self._lock = threading.Lock()
         self._closed = False
         log.debug("GGML CPU backend: %d threads, flash attention %s", self.num_threads, self.flash_attention)
@@ -650,14 +654,19 @@ class GGMLBackend:
     # --- running graphs -------------------------------------------------------------------------
     def _reserve(self, ctx: GraphContext) -> int:
         with self._lock:
+            self._allocated = None  # the buffer may have grown: every graph is placed again
             if not g.ggml_gallocr_reserve(self.allocator, ctx.graph):
                 raise MemoryError("cannot allocate the compute buffer for the worst-case graph")
             return self.compute_buffer_size
 
     def _compute(self, ctx: GraphContext, started: threading.Event | None = None) -> None:
         with self._lock:
-            if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
-                raise MemoryError("cannot allocate the compute graph")
+            placed = (ctx, ctx.n_nodes)
+            if self._allocated != placed:
+                self._allocated = None
+                if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
+                    raise MemoryError("cannot allocate the compute graph")
+                self._allocated = placed
             ctx._upload_inputs()
             if started is not None:
                 started.set()
