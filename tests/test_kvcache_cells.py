@@ -500,49 +500,60 @@ class GoModel:
 
 
 @pytest.mark.parametrize(
-    "size, padding, window, memory, chunk",
+    "size, padding, window, memory, chunk, n_seqs",
     [
-        (32, 1, 0, 0, 0),
-        (32, 4, 0, 0, 0),
-        (40, 1, 3, 0, 0),
-        (40, 8, 2, 5, 0),
-        (32, 1, 0, 0, 3),
+        (32, 1, 0, 0, 0, 3),
+        (32, 4, 0, 0, 0, 3),
+        (40, 1, 3, 0, 0, 3),
+        (40, 8, 2, 5, 0, 3),
+        (32, 1, 0, 0, 3, 3),
+        # one conversation: the one-token step's own sliding-window cleanup
+        (40, 8, 2, 5, 0, 1),
+        (24, 4, 3, 6, 0, 1),
+        (32, 4, 0, 0, 0, 1),
     ],
 )
 def test_random_against_go_model(size: int, padding: int, window: int, memory: int,
-                                 chunk: int) -> None:  # fmt: skip
-    rng = random.Random(size * 1000 + padding * 100 + window * 10 + memory + chunk)
+                                 chunk: int, n_seqs: int) -> None:  # fmt: skip
+    rng = random.Random(size * 1000 + padding * 100 + window * 10 + memory + chunk + n_seqs)
     table = CellTable(size, padding=padding, swa_window=window, swa_memory=memory,
                       chunk_size=chunk)  # fmt: skip
     model = GoModel(table.size, padding, table.swa_window, table.swa_memory, table.chunk_size)
-    next_pos = {s: 0 for s in range(3)}
+    next_pos = {s: 0 for s in range(n_seqs)}
+
+    def batch(seqs: list[int]) -> None:
+        positions = []
+        for s in seqs:
+            positions.append(next_pos[s])
+            next_pos[s] += 1
+        try:
+            want = model.start_forward(positions, seqs)
+        except KvCacheFull:
+            with pytest.raises(KvCacheFull):
+                table.start_forward(positions, seqs)
+            for s, p in zip(seqs, positions):
+                next_pos[s] = min(next_pos[s], p)
+            return
+        plan = table.start_forward(positions, seqs)
+        assert (plan.locs, plan.start) == (want[0], want[1])
+        np.testing.assert_array_equal(plan.mask, want[2])
+
     for _ in range(300):
         op = rng.random()
-        if op < 0.6:
-            seqs = [rng.randrange(3) for _ in range(rng.randint(1, 4))]
-            positions = []
-            for s in seqs:
-                positions.append(next_pos[s])
-                next_pos[s] += 1
-            try:
-                want = model.start_forward(positions, seqs)
-            except KvCacheFull:
-                with pytest.raises(KvCacheFull):
-                    table.start_forward(positions, seqs)
-                for s, p in zip(seqs, positions):
-                    next_pos[s] = min(next_pos[s], p)
-                continue
-            plan = table.start_forward(positions, seqs)
-            assert (plan.locs, plan.start) == (want[0], want[1])
-            np.testing.assert_array_equal(plan.mask, want[2])
-        elif op < 0.7:
+        if op < 0.35:
+            batch([rng.randrange(n_seqs) for _ in range(rng.randint(1, 4))])
+        elif op < 0.6:  # decode steps of one sequence in a row (the one-token path reuses its mask)
+            seq = rng.randrange(n_seqs)
+            for _ in range(rng.randint(1, 12)):
+                batch([seq])
+        elif op < 0.7 and n_seqs > 1:
             src, dst = rng.sample(range(3), 2)
             length = rng.randint(0, next_pos[src])
             model.copy_prefix(src, dst, length)
             table.copy_prefix(src, dst, length)
             next_pos[dst] = length
         else:
-            seq = rng.randrange(3)
+            seq = rng.randrange(n_seqs)
             begin = rng.randint(0, next_pos[seq])
             to_end = begin == next_pos[seq] or rng.random() < 0.4
             end = None if to_end else rng.randint(begin + 1, next_pos[seq])
@@ -562,7 +573,7 @@ def test_random_against_go_model(size: int, padding: int, window: int, memory: i
             assert info.sequences == tuple(sorted(model.seqs[i]))
             if info.sequences:
                 assert info.pos == model.pos[i]
-        for s in range(3):
+        for s in range(n_seqs):
             assert table.can_resume(s, next_pos[s]) in (True, False)
 
 

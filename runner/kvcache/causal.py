@@ -83,6 +83,8 @@ class CausalCache:
         self._keys: dict[int, Any] = {}
         self._values: dict[int, Any] = {}
         self._plan: ForwardPlan | None = None
+        self._element_base: dict[int, np.ndarray] = {}  # width -> arange(width) * size
+        self._v_widths: list[int] | None = None
         self._generation = 0  # bumped when storage is freed: graphs built before must not run
 
     # ----------------------------------------------------------------------------- configuration
@@ -113,6 +115,7 @@ class CausalCache:
                              "runner.loadplan.kv_cache_type decides the type a load uses")
         self.backend = backend
         self.dtype = dtype
+        self._element_base = {}
         self.max_batch = max_batch
         self.max_sequences = max_sequences
         self.capacity = capacity
@@ -159,6 +162,7 @@ class CausalCache:
         if not specs:
             return
         storage = self.backend.new_storage(specs)
+        self._v_widths = None
         for layer, (_, _, kv_heads) in enumerate(layers):
             if kv_heads:
                 self._storage[layer] = storage
@@ -173,6 +177,7 @@ class CausalCache:
         self._storage.clear()
         self._keys.clear()
         self._values.clear()
+        self._v_widths = None
         self._plan = None
 
     def _table(self) -> CellTable:
@@ -209,7 +214,9 @@ class CausalCache:
         p = self.plan
         inputs = {f"{self._prefix}.locs": p.locs_array, f"{self._prefix}.mask": p.mask}
         if self._config is not None and self._config.permuted_v:
-            for width in {v.dim(1) * v.dim(2) for v in self._values.values()}:
+            if self._v_widths is None:  # the layers' V row widths, read once from the storage
+                self._v_widths = sorted({v.dim(1) * v.dim(2) for v in self._values.values()})
+            for width in self._v_widths:
                 inputs[f"{self._prefix}.vlocs{width}"] = self._element_locs(width)
         return inputs
 
@@ -217,8 +224,13 @@ class CausalCache:
         """For permuted V: the flat index of every element of this batch's V rows. Storage
         ``[n_cells, v_head_dim, kv_heads]`` seen as ``[1, n]``: element ``e`` of the V vector of
         the token stored in cell ``c`` lives at ``e * n_cells + c``."""
-        locs = self.plan.locs_array.astype(np.int64)
-        return (np.arange(width, dtype=np.int64)[None, :] * self.size + locs[:, None]).ravel()
+        base = self._element_base.get(width)
+        if base is None:
+            base = self._element_base[width] = np.arange(width, dtype=np.int64) * self.size
+        locs = self.plan.locs
+        if len(locs) == 1:
+            return base + locs[0]
+        return (base[None, :] + np.array(locs, dtype=np.int64)[:, None]).ravel()
 
     def _locs(self, ctx: Any) -> Any:
         return ctx.input(f"{self._prefix}.locs", self.plan.locs_array)
@@ -294,6 +306,7 @@ class CausalCache:
                 ]
             )
             self._storage[self.layer] = storage
+            self._v_widths = None
             keys = self._keys[self.layer] = storage.tensors[f"cache_k_l{self.layer}"]
             self._values[self.layer] = storage.tensors[f"cache_v_l{self.layer}"]
         elif keys.dim(0) != head_dim or keys.dim(1) != kv_heads:

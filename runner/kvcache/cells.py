@@ -56,6 +56,7 @@ INT32_MAX = 2**31 - 1
 
 _NEG_INF = np.float32(-np.inf)
 _ZERO = np.float32(0.0)
+_NO_MASK = np.empty((0, 0), dtype=np.float32)
 
 
 def round_down(n: int, pad: int) -> int:
@@ -140,6 +141,7 @@ class ForwardPlan:
     mask: np.ndarray
     reserve: bool = False
     causal_except: tuple[int, ...] = ()
+    _locs_array: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_batch(self) -> int:
@@ -153,7 +155,9 @@ class ForwardPlan:
     @property
     def locs_array(self) -> np.ndarray:
         """``locs`` as int32, ready for a GGML I32 tensor."""
-        return np.asarray(self.locs, dtype=np.int32)
+        if self._locs_array is None:
+            self._locs_array = np.array(self.locs, dtype=np.int32)
+        return self._locs_array
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,9 @@ class CellTable:
         self._refs = np.zeros(self.size, dtype=np.int32)
         self._member: dict[int, np.ndarray] = {}
         self._plan: ForwardPlan | None = None
+        # whether the current plan's mask is still what it says about the cells: only the
+        # one-token step (:meth:`_step`) keeps it so; every other change to the cells clears it
+        self._mask_current = False
 
     @classmethod
     def for_cache(
@@ -341,8 +348,13 @@ class CellTable:
         ``reserve``: worst-case shaping only, nothing is recorded: ``locs = 0..n-1`` and the
         range is the whole cache."""
         n = len(positions)
+        if n == 1 and len(seqs) == 1 and not reserve and not causal_except:
+            plan = self._step(int(positions[0]), int(seqs[0]))
+            if plan is not None:
+                return plan
         if n == 0 or n != len(seqs):
             raise ValueError(f"bad batch: {n} positions, {len(seqs)} sequences")
+        self._mask_current = False
         pos_list = [int(p) for p in positions]
         seq_list = [int(s) for s in seqs]
         exc = _check_except(causal_except, n)
@@ -354,7 +366,7 @@ class CellTable:
             lo, hi = 0, self.size - 1
         else:
             window_range = self._update_sliding_window(pos_list, seq_list)
-            free = np.flatnonzero(self._refs == 0)
+            free = (self._refs == 0).nonzero()[0]
             if len(free) < n:
                 raise KvCacheFull(f"cache: {self.size} batch: {n}")
             loc_arr = free[:n]
@@ -386,6 +398,54 @@ class CellTable:
         self._plan = plan
         return plan
 
+    def _step(self, pos: int, seq: int) -> ForwardPlan | None:
+        """:meth:`start_forward` of one token of a sequence that already holds cells (every
+        decode step of one conversation) in a few scalar operations: when the last plan was the
+        step before this one (same sequence, position one less, same cell range, nothing else
+        changed since), its mask gains the new cell instead of being built again. None when the
+        general path must place it: the sequence holds no cells yet, or a sliding window with
+        finite memory is shared by several sequences (each one's cleanup is the general rule's).
+        """
+        m = self._member.get(seq)
+        if m is None:
+            return None
+        memory, window = self.swa_memory, self.swa_window
+        if memory is not None:  # the sliding-window cleanup of the only sequence
+            if len(self._member) != 1:
+                return None
+            drop = m & (self._pos < pos - memory)
+            if drop.any():
+                self._mask_current = False
+                m &= ~drop
+                self._refs -= drop
+                if not m.any():
+                    del self._member[seq]
+                    return None
+        refs = self._refs
+        cell = int(refs.argmin())
+        if refs[cell]:
+            raise KvCacheFull(f"cache: {self.size} batch: 1")
+        self._pos[cell] = pos
+        refs[cell] = 1
+        m[cell] = True
+        bounds = _bounds(m if memory is None else m & (self._pos >= pos - (window or memory)))
+        assert bounds is not None  # m holds cell
+        start = round_down(bounds[0], self.padding)
+        length = round_up(bounds[1] + 1, self.padding) - start
+        prev = self._plan
+        plan = ForwardPlan(positions=[pos], sequences=[seq], locs=[cell], start=start, length=length,
+                           mask=_NO_MASK)
+        if (self._mask_current and prev is not None and prev.sequences == plan.sequences
+                and prev.positions[0] == pos - 1 and prev.start == start and prev.length == length
+                and window is None and self.chunk_size is None):
+            plan.mask = prev.mask.copy()
+            plan.mask[0, cell - start] = _ZERO
+        else:
+            plan.mask = self._build_mask(plan)
+        self._plan = plan
+        self._mask_current = True
+        return plan
+
     def set_causal(self, causal_except: Iterable[int]) -> np.ndarray:
         """Rebuild the current plan's mask with other batch indices exempt from the causal rule
         (Ollama's ``SetCausal``; the exemption lasts until the next :meth:`start_forward`).
@@ -395,6 +455,7 @@ class CellTable:
             raise RuntimeError("set_causal called before start_forward")
         exc = _check_except(causal_except, self._plan.n_batch)
         if exc != self._plan.causal_except:
+            self._mask_current = False
             self._plan.causal_except = exc
             self._plan.mask = self._build_mask(self._plan)
         return self._plan.mask
@@ -403,6 +464,7 @@ class CellTable:
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Make ``dst`` use exactly the cells of ``src`` with positions ``< length`` (shared, no
         copy); whatever ``dst`` used before is released. ``src == dst`` truncates to ``length``."""
+        self._mask_current = False
         m = self._member.get(src)
         new = None if m is None else m & (self._pos < length)
         old = self._member.pop(dst, None)
@@ -438,6 +500,7 @@ class CellTable:
         when a cell to renumber is shared with another sequence; then nothing changed."""
         if end is not None and end >= INT32_MAX:
             end = None
+        self._mask_current = False
         m = self._member.get(seq)
         if m is None or (end is not None and end <= begin):
             return ShiftPlan(seq=seq)
@@ -464,6 +527,7 @@ class CellTable:
         self._refs[:] = 0
         self._member.clear()
         self._plan = None
+        self._mask_current = False
 
     # ------------------------------------------------------------------------------ internals
     def _write(self, locs: np.ndarray, positions: list[int], seqs: list[int]) -> None:
@@ -518,7 +582,7 @@ class CellTable:
         empty = np.zeros(plan.length, dtype=bool)
         rows = [self._member[s][sl] if s in self._member else empty for s in uniq]
         if len(uniq) == 1:
-            ok = np.broadcast_to(rows[0], (plan.n_batch, plan.length))
+            ok = rows[0][None, :]  # broadcast over the batch by the & below
         else:
             index = {s: k for k, s in enumerate(uniq)}
             ok = np.stack(rows)[[index[s] for s in plan.sequences]]
@@ -544,7 +608,7 @@ def _check_except(causal_except: Iterable[int], n: int) -> tuple[int, ...]:
 
 def _bounds(m: np.ndarray) -> tuple[int, int] | None:
     """``(first, last)`` index of the True entries of ``m``, or ``None`` if there are none."""
-    first = int(np.argmax(m))
+    first = int(m.argmax())
     if not m[first]:
         return None
-    return first, len(m) - 1 - int(np.argmax(m[::-1]))
+    return first, len(m) - 1 - int(m[::-1].argmax())
