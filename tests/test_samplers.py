@@ -331,3 +331,27 @@ def test_softmax_normaliser_matches_float64(shape: str, temperature: float) -> N
     _, log_z = Sampler(opts(temperature=temperature, top_k=0, top_p=1.0))._softmax_scale(logits)
     z = logits.astype(np.float64) / temperature
     assert abs(log_z - (z.max() + np.log(np.exp(z - z.max()).sum()))) < 1e-7
+
+
+@pytest.mark.parametrize("repeat,freq,present", [(1.1, 0.0, 0.0), (1.5, 0.3, 0.2), (1.0, 0.0, 0.5), (1.0, 0.0, 0.0)])
+@pytest.mark.parametrize("top_k,top_p,min_p", [(40, 0.9, 0.0), (5, 1.0, 0.0), (64, 0.95, 0.05), (1, 1.0, 0.0)])
+def test_top_k_path_draws_what_the_general_path_draws(repeat: float, freq: float, present: float,
+                                                     top_k: int, top_p: float, min_p: float) -> None:
+    """The default path reads only the k + P best logits (P penalised tokens) and finishes in
+    Python floats: the same tokens as penalising the whole row and cutting it with NumPy, also
+    when the penalties push tokens out of the top k and with many tied logits."""
+    rng = np.random.default_rng(int(repeat * 10 + freq * 100 + top_k))
+    for trial in range(6):
+        logits = vocab_logits(49152, "peaked", seed=trial)
+        logits[rng.choice(49152, 2000, replace=False)] = np.round(logits[:2000], 0)  # ties
+        top = np.argsort(-logits, kind="stable")[:80]
+        history = rng.choice(top, 48).tolist() + rng.integers(0, 49152, 16).tolist()
+        o = opts(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat,
+                 frequency_penalty=freq, presence_penalty=present, seed=trial)
+        fast, general = Sampler(o), Sampler(o)
+        general._top_k_only = False
+        for s in (fast, general):
+            s.accept_many(history)
+        got = [fast.sample(logits) for _ in range(30)]
+        assert got == [general.sample(logits) for _ in range(30)]
+        assert fast._top_k_only

@@ -19,7 +19,7 @@ import llama_cpp as L
 import numpy as np
 
 from ..api import Options
-from ..sample.samplers import Sampler, SamplerOptions, penalized, top_ids
+from ..sample.samplers import Sampler, SamplerOptions, top_ids_values
 
 _DTYPE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 assert _DTYPE.itemsize == ctypes.sizeof(L.llama_token_data)
@@ -71,20 +71,15 @@ class TopKChain:
     def sample(self, logits: np.ndarray) -> int:
         """The next token for ``logits`` (writeable: penalties go in place and are undone)."""
         pen = self.penalties
-        changed = None
-        if pen.penalize and pen.history:
-            o = pen.options
-            changed = penalized(logits, pen.history, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+        changed = pen.penalties(logits)
         if changed is None:
-            ids = top_ids(logits, self.k)
-            vals = logits[ids]
+            ids, vals = top_ids_values(logits, self.k)
         else:
             pids, pvals = changed
             saved = logits[pids]
             logits[pids] = pvals
             try:
-                ids = top_ids(logits, self.k)
-                vals = logits[ids]
+                ids, vals = top_ids_values(logits, self.k)
             finally:
                 logits[pids] = saved
         n = len(ids)

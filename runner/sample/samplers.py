@@ -28,13 +28,14 @@ normaliser is one float32 pass. A flat distribution may still need the whole voc
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["Sampler", "SamplerOptions", "apply_penalties", "penalized", "top_ids"]
+__all__ = ["Sampler", "SamplerOptions", "apply_penalties", "penalized", "top_ids", "top_ids_values"]
 
 
 @dataclass(frozen=True)
@@ -109,9 +110,15 @@ def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
     Tokens at -inf (masked by a grammar) are dropped when fewer than ``k`` are finite: they
     have probability 0 at any temperature.
     """
+    return top_ids_values(logits, k)[0]
+
+
+def top_ids_values(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_ids` and their logits (``logits[ids]``), from the same pass."""
     n = logits.shape[0]
     if k >= n:
-        return np.argsort(-logits, kind="stable")
+        ids = np.argsort(-logits, kind="stable")
+        return ids, logits[ids]
     width = 1 << max(10, (8 * k - 1).bit_length())  # groups: a power of two, at least 8k
     rows = n // width
     if rows >= 4:
@@ -119,8 +126,10 @@ def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
         t = np.partition(group_max, width - k)[width - k]
     else:
         t = np.partition(logits, n - k)[n - k]
-    cand = np.flatnonzero(logits > -np.inf) if t == -np.inf else np.flatnonzero(logits >= t)
-    return cand[np.argsort(-logits[cand], kind="stable")][:k]
+    cand = (logits > -np.inf).nonzero()[0] if t == -np.inf else (logits >= t).nonzero()[0]
+    vals = logits[cand]
+    order = np.argsort(-vals, kind="stable")[:k]
+    return cand[order], vals[order]
 
 
 class Sampler:
@@ -142,19 +151,54 @@ class Sampler:
             o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
         )
         self.history: deque[int] = deque(maxlen=max(1, last_n))
+        self._counts: dict[int, int] = {}  # token -> times in ``history`` (the penalties' Counter)
+        # top_k with penalties that only lower logits: the k best after the penalties are among
+        # the k + (penalised tokens) best before them, so only those are read (:meth:`_top_k`)
+        self._top_k_only = (self.temperature > 0.0 and self.top_k > 0 and not 0.0 < self.typical_p < 1.0
+                            and o.repeat_penalty >= 1.0 and o.presence_penalty >= 0.0 and o.frequency_penalty >= 0.0)
         self.rng = np.random.default_rng(None if o.seed == -1 else int(o.seed) & 0xFFFFFFFFFFFFFFFF)
 
     # --- history --------------------------------------------------------------------------------
     def accept(self, token: int) -> None:
         """Record ``token`` as generated (or part of the prompt) for the penalties."""
-        self.history.append(int(token))
+        token = int(token)
+        history, counts = self.history, self._counts
+        if len(history) == history.maxlen:
+            old = history[0]
+            left = counts[old] - 1
+            if left:
+                counts[old] = left
+            else:
+                del counts[old]
+        history.append(token)
+        counts[token] = counts.get(token, 0) + 1
 
     def accept_many(self, tokens: Iterable[int]) -> None:
         for t in tokens:
-            self.history.append(int(t))
+            self.accept(t)
 
     def reset(self) -> None:
         self.history.clear()
+        self._counts.clear()
+
+    def penalties(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """:func:`penalized` for this sampler's history and options (from counts kept as tokens
+        are accepted, not counted again per token); None when nothing applies."""
+        counts = self._counts
+        if not self.penalize or not counts:
+            return None
+        o = self.options
+        ids = np.fromiter(counts, dtype=np.intp, count=len(counts))
+        if min(counts) < 0 or max(counts) >= len(logits):
+            keep = (ids >= 0) & (ids < len(logits))
+            ids = ids[keep]
+        vals = logits[ids]
+        if o.repeat_penalty != 1.0:
+            vals = np.where(vals <= 0, vals * o.repeat_penalty, vals / o.repeat_penalty)
+        if o.frequency_penalty != 0.0 or o.presence_penalty != 0.0:
+            c = np.fromiter((counts[i] for i in ids.tolist()), dtype=np.int64, count=len(ids))
+            vals = vals - (c * o.frequency_penalty + o.presence_penalty)
+        return ids, vals.astype(logits.dtype, copy=False)
 
     # --- sampling -------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray) -> int:
@@ -166,10 +210,9 @@ class Sampler:
         or +inf."""
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"sample: expected a 1-D logits vector, got shape {logits.shape}")
-        o = self.options
-        changed = None
-        if self.penalize and self.history:
-            changed = penalized(logits, self.history, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+        if self._top_k_only and self.top_k + len(self._counts) < logits.shape[0]:
+            return self._top_k(logits)
+        changed = self.penalties(logits)
         if changed is None:
             return self._pick(logits)
         ids, vals = changed
@@ -194,6 +237,68 @@ class Sampler:
             ids, probs = self._candidates(logits)
             return self._draw(ids, probs)
         return self._draw_sorted_prefix(logits)
+
+    def _top_k(self, logits: np.ndarray) -> int:
+        """The default path (top_k, penalties that only lower logits, no typical_p), the same
+        draw as :meth:`_candidates` + :meth:`_draw` with a handful of NumPy calls: every NumPy
+        call costs microseconds when GGML has just run through the caches. The ``k + P`` best
+        logits (``P`` penalised tokens) hold the k best after the penalties: a token outside
+        them has k unpenalised tokens before it, which the penalties do not move. The
+        penalties (float32, as :func:`penalized` computes them), the re-sort, the softmax, the
+        top_p / min_p cuts and the draw then run over those few values in Python floats."""
+        top = logits.max()
+        if not math.isfinite(top):
+            raise ValueError("sample: logits are NaN, +inf or all -inf, check model output")
+        counts = self._counts if self.penalize else {}
+        k = self.top_k
+        ids, vals = top_ids_values(logits, k + len(counts))
+        idl, vl = ids.tolist(), vals.tolist()
+        if counts:
+            o = self.options
+            rp = np.float32(o.repeat_penalty)
+            moved = False
+            for j, t in enumerate(idl):
+                c = counts.get(t)
+                if c:
+                    v = np.float32(vl[j])
+                    if o.repeat_penalty != 1.0:
+                        v = v * rp if v <= 0 else v / rp
+                    if o.frequency_penalty != 0.0 or o.presence_penalty != 0.0:
+                        v = np.float32(float(v) - (c * o.frequency_penalty + o.presence_penalty))
+                    vl[j] = float(v)
+                    moved = True
+            if moved:
+                order = sorted(range(len(idl)), key=lambda j: (-vl[j], idl[j]))
+                idl, vl = [idl[j] for j in order], [vl[j] for j in order]
+        idl, vl = idl[:k], vl[:k]
+        temp = max(self.temperature, 1e-7)
+        first = vl[0] / temp
+        probs = [math.exp(v / temp - first) for v in vl]
+        total = math.fsum(probs) if len(probs) > 1 else probs[0]
+        if not math.isfinite(total) or total <= 0.0:
+            raise ValueError("sample: logits sum to NaN, check model output")
+        probs = [p / total for p in probs]
+        end = len(probs)
+        if self.top_p < 1.0:
+            cum = 0.0
+            for i, p in enumerate(probs):
+                cum += p
+                if cum > self.top_p:
+                    end = i + 1
+                    break
+        if self.min_p > 0.0:
+            threshold = probs[0] * self.min_p
+            end = next((i for i in range(end) if probs[i] < threshold), end)
+            if end == 0:
+                raise ValueError("sample: logits sum to NaN, check model output")
+        cums = []
+        cum = 0.0
+        for p in probs[:end]:
+            cum += p
+            cums.append(cum)
+        r = self.rng.random() * cums[-1]
+        idx = next((i for i, c in enumerate(cums) if c >= r), end - 1)
+        return idl[idx]
 
     def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
         """One seeded draw from candidates ``ids`` (sorted by logit) with weights ``probs``."""
@@ -261,10 +366,11 @@ class Sampler:
         k = self.top_k
         typical = 0.0 < self.typical_p < 1.0
         if 0 < k < n or typical:
-            ids = top_ids(logits, k if 0 < k < n else n)
+            ids, vals = top_ids_values(logits, k if 0 < k < n else n)
             if typical:
                 ids = self._typical(logits, ids)
-            scaled = logits[ids].astype(np.float64) / temp
+                vals = logits[ids]
+            scaled = np.divide(vals, temp, dtype=np.float64)
             probs = np.exp(scaled - scaled[0])
             probs /= probs.sum()
             return self._cut(ids, probs)
