@@ -544,3 +544,38 @@ def test_wrapped_cache_gets_the_backend_layout_and_reuses_graphs() -> None:
     finally:
         wrapped.close()
         plain.close()
+
+
+# ------------------------------------------------------------------ the graph's top-k for the sampler
+def test_graph_top_candidates_are_each_rows_largest_logits() -> None:
+    """A decode graph also picks each output row's TOP_CANDIDATES largest logits (GGML's
+    top_k) for the sampler: the same set as sorting the whole row, on a two-row batch and on
+    the single-row decode steps after it. The whole rows are read on demand; reading them once
+    the model computed another batch is refused (the compute buffer is the next graph's)."""
+    from runner.model.model import TOP_CANDIDATES
+
+    model = load(str(SMOLLM2), BackendOptions(num_threads=THREADS))
+    try:
+        model.init_cache(512, num_parallel=2, num_batch=64)
+        a, b = [1, 504, 2760, 346], [1, 198, 1090]
+        batch = Batch(a + b, list(range(len(a))) + list(range(len(b))), [0] * len(a) + [1] * len(b),
+                      [len(a) - 1, len(a) + len(b) - 1])
+        out = model.execute(model.prepare(batch), np.asarray(batch.tokens, dtype=np.int32))
+        for step in range(4):
+            assert out.top_ids is not None and out.top_logits is not None
+            ids, vals = out.top_ids.copy(), out.top_logits.copy()
+            full = out.logits()
+            assert ids.shape == (len(batch.outputs) if step == 0 else 1, TOP_CANDIDATES)
+            for r in range(ids.shape[0]):
+                want = np.sort(np.argsort(-full[r], kind="stable")[:TOP_CANDIDATES])
+                assert np.array_equal(np.sort(ids[r]), want)
+                np.testing.assert_array_equal(vals[r], full[r][ids[r]])
+            token = int(np.argmax(full[0]))
+            out = model.execute(model.prepare(Batch([token], [len(a) + step], [0], [0])),
+                                np.asarray([token], np.int32))
+        stale = out
+        model.execute(model.prepare(Batch([1], [len(a) + 4], [0], [0])), np.asarray([1], np.int32))
+        with pytest.raises(RuntimeError):
+            stale.logits()
+    finally:
+        model.close()

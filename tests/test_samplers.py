@@ -349,9 +349,65 @@ def test_top_k_path_draws_what_the_general_path_draws(repeat: float, freq: float
         o = opts(temperature=0.7, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat,
                  frequency_penalty=freq, presence_penalty=present, seed=trial)
         fast, general = Sampler(o), Sampler(o)
-        general._top_k_only = False
+        general._few_k = 0  # the whole row penalised and cut with NumPy
         for s in (fast, general):
             s.accept_many(history)
         got = [fast.sample(logits) for _ in range(30)]
         assert got == [general.sample(logits) for _ in range(30)]
-        assert fast._top_k_only
+        assert fast._few_k == top_k
+
+
+def _graph_top(logits: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """What a graph's top-k gives: the k largest logits' ids in no order, and their logits."""
+    ids = np.argpartition(-logits, k)[:k]
+    ids = ids[rng.permutation(k)].astype(np.int32)
+    return ids, logits[ids]
+
+
+@pytest.mark.parametrize("o,from_top", [
+    (opts(temperature=0.0, repeat_penalty=1.0), True),
+    (opts(temperature=0.0, repeat_penalty=1.3, frequency_penalty=0.2), True),
+    (opts(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1), True),  # pollama's defaults
+    (opts(temperature=1.2, top_k=20, top_p=1.0, min_p=0.05, presence_penalty=0.4), True),
+    (opts(temperature=0.8, top_k=100, repeat_penalty=1.1), False),  # 100 + 64 penalised > 128
+    (opts(temperature=0.8, top_k=0, top_p=0.9), False),
+    (opts(temperature=0.8, top_k=40, typical_p=0.7), False),
+    (opts(temperature=0.8, top_k=40, repeat_penalty=0.9), False),  # a penalty that raises logits
+])
+def test_sample_top_draws_what_the_whole_row_draws(o: SamplerOptions, from_top: bool) -> None:
+    """A graph's 128 best logits decide greedy and top_k sampling alone (the k + P best are
+    among them); other options read the whole row. Same seed, same tokens either way."""
+    rng = np.random.default_rng(5)
+    fast, full = Sampler(dataclasses.replace(o, seed=9)), Sampler(dataclasses.replace(o, seed=9))
+    reads = 0
+    for step in range(40):
+        logits = vocab_logits(49152, "peaked", seed=step)
+        ids, vals = _graph_top(logits, 128, rng)
+
+        def row() -> np.ndarray:
+            nonlocal reads
+            reads += 1
+            return logits
+
+        got = fast.sample_top(ids, vals, row)
+        assert got == full.sample(logits)
+        fast.accept(got)
+        full.accept(got)
+    assert (reads == 0) == from_top, reads
+
+
+def test_sample_top_reads_the_row_at_a_tie_on_the_edge_or_nan() -> None:
+    rng = np.random.default_rng(6)
+    s = Sampler(opts(temperature=0.0, repeat_penalty=1.0))
+    flat = np.zeros(1000, dtype=np.float32)  # every logit tied: which 128 a graph keeps is arbitrary
+    ids, vals = _graph_top(flat, 128, rng)
+    reads = []
+    assert s.sample_top(ids, vals, lambda: reads.append(1) or flat) == 0  # the lowest id, as argmax
+    assert reads == [1]
+    bad = vocab_logits(49152, "peaked", seed=1)
+    ids, vals = _graph_top(bad, 128, rng)
+    vals = vals.copy()
+    vals[3] = np.nan
+    reads = []
+    s.sample_top(ids, vals, lambda: reads.append(1) or bad)
+    assert reads == [1]

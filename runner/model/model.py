@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -29,7 +29,13 @@ from runner.model.gguf_weights import GGUFFile, Weights
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "BatchInputs", "ForwardStats", "Model", "ModelLoadError", "Prepared"]
+__all__ = ["Batch", "BatchInputs", "ForwardStats", "Model", "ModelLoadError", "Outputs", "Prepared", "TOP_CANDIDATES"]
+
+#: Each output row's largest logits the graph picks for the sampler (GGML's top_k): the k + P
+#: best hold the k best after penalties that lower logits (runner.sample), so top_k 40 with 64
+#: penalised tokens is decided from these without reading the whole row.
+TOP_CANDIDATES = 128
+_TOP_ROWS = 64  # a batch with more output rows (all logits of a prompt) skips them
 
 
 class ModelLoadError(RuntimeError):
@@ -116,6 +122,48 @@ class _Graph:
     ctx: GraphContext
     logits: GGMLTensor
     out: np.ndarray
+    # each output row's TOP_CANDIDATES best logits: ids (i32 [K, n_outputs]) and their logits
+    # (f32 [1, K, n_outputs]), read into top_ids / top_logits (n_outputs, K); None: no top-k
+    top: tuple[GGMLTensor, GGMLTensor] | None = None
+    top_ids: np.ndarray | None = None
+    top_logits: np.ndarray | None = None
+    read: Callable[[], None] | None = None  # copies what execute() reads (top or logits)
+
+    @property
+    def outputs(self) -> tuple[GGMLTensor, ...]:
+        return (self.logits,) if self.top is None else (self.logits, *self.top)
+
+
+class Outputs:
+    """What :meth:`Model.execute` computed: every output row's best logits (:attr:`top_ids`,
+    :attr:`top_logits`, ``(n_outputs, K)``, in no order within a row; None when the graph has
+    none), and the whole rows on demand (:meth:`logits`, copied out of GGML on the first call).
+    Valid until the model computes again: the arrays are reused, and the compute buffer the
+    rows are read from belongs to the next graph then (:meth:`logits` raises)."""
+
+    __slots__ = ("_model", "_graph", "_epoch", "_read")
+
+    def __init__(self, model: Model, graph: _Graph, epoch: int, read: bool) -> None:
+        self._model, self._graph, self._epoch, self._read = model, graph, epoch, read
+
+    @property
+    def top_ids(self) -> np.ndarray | None:
+        return self._graph.top_ids
+
+    @property
+    def top_logits(self) -> np.ndarray | None:
+        return self._graph.top_logits
+
+    def logits(self) -> np.ndarray:
+        """float32 ``(n_outputs, n_vocab)`` (or ``n_embd`` for embeddings)."""
+        if not self._read:
+            if self._model._epoch != self._epoch:
+                raise RuntimeError("logits of a batch read after the model computed another one")
+            t0 = time.perf_counter_ns()
+            self._graph.logits.read_into(self._graph.out)
+            self._model.stats.read_ns += time.perf_counter_ns() - t0
+            self._read = True
+        return self._graph.out
 
 
 @dataclass(frozen=True)
@@ -140,6 +188,7 @@ class Model:
         self._graphs: OrderedDict[Hashable, _Graph] = OrderedDict()
         self.max_graphs = 4
         self.stats = ForwardStats()
+        self._epoch = 0  # computes so far: an Outputs is readable while it is current
         self._closed = False
 
     # --- what a model writes ------------------------------------------------------------------
@@ -214,7 +263,8 @@ class Model:
             ctx = self.backend.new_context()
             try:
                 logits = self.forward(ctx, self._inputs(ctx, batch))
-                size = ctx.reserve(logits)
+                top = self._top(logits, batch)
+                size = ctx.reserve(logits, *(top or ()))
             finally:
                 ctx.close()
         except (MemoryError, KvCacheError) as e:
@@ -258,7 +308,7 @@ class Model:
         The returned array is reused by the next call with the same graph: copy it to keep it.
         Raises ``runner.kvcache.KvCacheFull`` when the cache has no room (nothing changed), and
         ``ValueError`` for a batch larger than ``num_batch`` (call :meth:`init_cache` first)."""
-        return self.execute(self.prepare(batch), np.asarray(batch.tokens, dtype=np.int32))
+        return self.execute(self.prepare(batch), np.asarray(batch.tokens, dtype=np.int32)).logits()
 
     def prepare(self, batch: Batch) -> Prepared:
         """:meth:`compute`'s first half: place the batch in the cache and build (or reuse) its
@@ -294,22 +344,35 @@ class Model:
         self.stats.prepare_ns += t1 - t0
         return Prepared(graph)
 
-    def execute(self, prepared: Prepared, tokens: np.ndarray, started: threading.Event | None = None) -> np.ndarray:
+    def execute(self, prepared: Prepared, tokens: np.ndarray, started: threading.Event | None = None) -> Outputs:
         """:meth:`compute`'s second half: set the token ids (int32 ``[n_tokens]``), compute, and
-        return the logits. ``started`` is set once the inputs are uploaded (the next
+        return the :class:`Outputs` (each row's best logits read now when the graph picks them,
+        else the whole rows). ``started`` is set once the inputs are uploaded (the next
         :meth:`prepare` may begin). A batch of given embeddings has no token ids to set."""
         graph = prepared.graph
         t2 = time.perf_counter_ns()
         if graph.ctx.has_input("tokens"):
             graph.ctx.set_input("tokens", tokens)
-        graph.ctx.compute(graph.logits, started=started)
+        graph.ctx.compute(*graph.outputs, started=started)
+        self._epoch += 1
         t3 = time.perf_counter_ns()
-        graph.logits.read_into(graph.out)  # [n_vocab, n_outputs] f32 into the reused array
+        out = Outputs(self, graph, self._epoch, read=graph.top is None)
+        assert graph.read is not None
+        graph.read()  # the top candidates, or the whole [n_vocab, n_outputs] f32 into the reused array
         t4 = time.perf_counter_ns()
         self.stats.calls += 1
         self.stats.compute_ns += t3 - t2
         self.stats.read_ns += t4 - t3
-        return graph.out
+        return out
+
+    def _top(self, logits: GGMLTensor, batch: Batch) -> tuple[GGMLTensor, GGMLTensor] | None:
+        """The graph's top-k of each output row's logits (ids, their logits), for the sampler;
+        None for embeddings, a small vocabulary, or many output rows."""
+        width, rows = logits.dim(0), logits.dim(1)
+        if batch.embeddings or width <= TOP_CANDIDATES or rows > _TOP_ROWS or not logits.is_contiguous():
+            return None
+        ids = logits.top_k(TOP_CANDIDATES)  # [K, rows]
+        return ids, logits.reshape(1, width, rows).rows(ids)  # [1, K, rows]
 
     def _build(self, batch: Batch, key: Hashable) -> _Graph:
         ctx = self.backend.new_context()
@@ -319,6 +382,19 @@ class Model:
             ctx.close()
             raise RuntimeError(f"forward returned {logits.shape}, expected [{width}, {len(batch.outputs)}]")
         graph = _Graph(ctx, logits, np.empty((len(batch.outputs), width), dtype=np.float32))
+        graph.top = self._top(logits, batch)
+        if graph.top is None:
+            graph.read = logits.reader(graph.out)
+        else:
+            graph.top_ids = np.empty((len(batch.outputs), TOP_CANDIDATES), dtype=np.int32)
+            graph.top_logits = np.empty((len(batch.outputs), TOP_CANDIDATES), dtype=np.float32)
+            ids, logits_of_ids = graph.top[0].reader(graph.top_ids), graph.top[1].reader(graph.top_logits)
+
+            def read_top() -> None:
+                ids()
+                logits_of_ids()
+
+            graph.read = read_top
         self._graphs[key] = graph
         while len(self._graphs) > self.max_graphs:
             _, old = self._graphs.popitem(last=False)

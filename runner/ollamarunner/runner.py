@@ -21,7 +21,7 @@ from ..loadplan import LoadOptions
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
-from ..model.model import Prepared
+from ..model.model import Outputs, Prepared
 from ..model.models import Batch, ModelLoadError, supported_architectures
 from ..model.models import load as load_model
 from ..sample import Sampler, SamplerOptions
@@ -108,12 +108,17 @@ class _SeqSampler:
     def __init__(self, sampler: Sampler, grammar: GrammarSampler | None) -> None:
         self.sampler, self.grammar = sampler, grammar
 
-    def sample(self, logits: np.ndarray) -> int:
-        if self.grammar is None:
-            token = self.sampler.sample(logits)
-        else:
-            token = self.grammar.sample(logits, self.sampler.sample)
+    def sample(self, out: Outputs, row: int) -> int:
+        """The next token from row ``row`` of ``out``: from the row's best logits the graph
+        picked when they decide it (no grammar; :meth:`Sampler.sample_top`), else the row."""
+        ids, vals = out.top_ids, out.top_logits
+        if self.grammar is not None:
+            token = self.grammar.sample(out.logits()[row], self.sampler.sample)
             self.grammar.accept(token)
+        elif ids is not None and vals is not None:
+            token = self.sampler.sample_top(ids[row], vals[row], lambda: out.logits()[row])
+        else:
+            token = self.sampler.sample(out.logits()[row])
         self.sampler.accept(token)
         return token
 
@@ -159,7 +164,7 @@ class GGMLEngine:
         self._prepared: tuple[Prepared, np.ndarray, dict[int, int]] | None = None
         self._lanes = _Lanes(self.model, self.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
         self._rows: dict[int, int] = {}
-        self._out: np.ndarray | None = None
+        self._out: Outputs | None = None
         bos = self._tok.token_text(self._tok.bos_id) if self._tok.bos_id is not None and self._tok.bos_id >= 0 else ""
         eos = self._tok.token_text(self._tok.eos_id) if self._tok.eos_id is not None and self._tok.eos_id >= 0 else ""
         self._special = (bos, eos)
@@ -220,7 +225,7 @@ class GGMLEngine:
 
     def logits(self, row: int) -> np.ndarray:
         assert self._out is not None
-        return self._out[self._rows[row]]
+        return self._out.logits()[self._rows[row]]
 
     def image_inputs(self, image: Image) -> list[Input]:
         if self.vision is None:
@@ -253,7 +258,8 @@ class GGMLEngine:
             sampler.grammar.close()
 
     def sample(self, sampler: Any, row: int) -> int:
-        return sampler.sample(self.logits(row))
+        assert self._out is not None
+        return sampler.sample(self._out, self._rows[row])
 
     def close(self) -> None:
         if self._vocab is not None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -152,10 +152,15 @@ class Sampler:
         )
         self.history: deque[int] = deque(maxlen=max(1, last_n))
         self._counts: dict[int, int] = {}  # token -> times in ``history`` (the penalties' Counter)
-        # top_k with penalties that only lower logits: the k best after the penalties are among
-        # the k + (penalised tokens) best before them, so only those are read (:meth:`_top_k`)
-        self._top_k_only = (self.temperature > 0.0 and self.top_k > 0 and not 0.0 < self.typical_p < 1.0
-                            and o.repeat_penalty >= 1.0 and o.presence_penalty >= 0.0 and o.frequency_penalty >= 0.0)
+        # Penalties that only lower logits keep the k best after them among the k + P best
+        # before them (P penalised tokens): a token outside has k unpenalised tokens ahead of it.
+        # Then greedy (k = 1) and top_k sampling without typical_p read only those (:meth:`_few`).
+        lowering = o.repeat_penalty >= 1.0 and o.presence_penalty >= 0.0 and o.frequency_penalty >= 0.0
+        self._few_k = 0
+        if lowering and self.temperature == 0.0:
+            self._few_k = 1
+        elif lowering and self.top_k > 0 and not 0.0 < self.typical_p < 1.0:
+            self._few_k = self.top_k
         self.rng = np.random.default_rng(None if o.seed == -1 else int(o.seed) & 0xFFFFFFFFFFFFFFFF)
 
     # --- history --------------------------------------------------------------------------------
@@ -210,8 +215,12 @@ class Sampler:
         or +inf."""
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"sample: expected a 1-D logits vector, got shape {logits.shape}")
-        if self._top_k_only and self.top_k + len(self._counts) < logits.shape[0]:
-            return self._top_k(logits)
+        if self._few_k and self.temperature > 0.0 and self._few_k + len(self._counts) < logits.shape[0]:
+            top = logits.max()
+            if not math.isfinite(top):
+                raise ValueError("sample: logits are NaN, +inf or all -inf, check model output")
+            ids, vals = top_ids_values(logits, self._few_k + len(self._counts) if self.penalize else self._few_k)
+            return self._few(ids.tolist(), vals.tolist())
         changed = self.penalties(logits)
         if changed is None:
             return self._pick(logits)
@@ -238,21 +247,28 @@ class Sampler:
             return self._draw(ids, probs)
         return self._draw_sorted_prefix(logits)
 
-    def _top_k(self, logits: np.ndarray) -> int:
-        """The default path (top_k, penalties that only lower logits, no typical_p), the same
-        draw as :meth:`_candidates` + :meth:`_draw` with a handful of NumPy calls: every NumPy
-        call costs microseconds when GGML has just run through the caches. The ``k + P`` best
-        logits (``P`` penalised tokens) hold the k best after the penalties: a token outside
-        them has k unpenalised tokens before it, which the penalties do not move. The
-        penalties (float32, as :func:`penalized` computes them), the re-sort, the softmax, the
-        top_p / min_p cuts and the draw then run over those few values in Python floats."""
-        top = logits.max()
-        if not math.isfinite(top):
-            raise ValueError("sample: logits are NaN, +inf or all -inf, check model output")
+    def sample_top(self, ids: np.ndarray, vals: np.ndarray, full: Callable[[], np.ndarray]) -> int:
+        """The token :meth:`sample` gives for the logits ``full()``, decided from the row's
+        ``K`` largest logits alone when they suffice (``ids`` / ``vals``, in any order, as a
+        graph's top-k gives them): greedy or top_k sampling whose ``k + P`` best (stable order)
+        all lie above the smallest of the ``K``, so none of them can be missing. Otherwise (other
+        options, ties at the edge, NaN or inf) ``full()`` is read and sampled as usual."""
+        need = self._few_k + (len(self._counts) if self.penalize else 0)
+        if self._few_k and need < len(ids):
+            vl, il = vals.tolist(), ids.tolist()
+            pairs = sorted(zip(vl, il), key=lambda x: (-x[0], x[1]))
+            edge = pairs[-1][0]
+            if pairs[need - 1][0] > edge and math.isfinite(pairs[0][0]) and not any(v != v for v in vl):
+                return self._few([t for _, t in pairs[:need]], [v for v, _ in pairs[:need]])
+        return self.sample(full())
+
+    def _few(self, idl: list[int], vl: list[float]) -> int:
+        """Greedy or top_k sampling from the ``k + P`` best raw logits (ids ``idl``, logits
+        ``vl``, stable order): the penalties (float32, as :func:`penalized` computes them), the
+        re-sort, then the argmax, or the softmax, top_p / min_p and the draw, in Python floats
+        (after GGML has run, every NumPy call costs tens of microseconds)."""
         counts = self._counts if self.penalize else {}
-        k = self.top_k
-        ids, vals = top_ids_values(logits, k + len(counts))
-        idl, vl = ids.tolist(), vals.tolist()
+        k = self._few_k
         if counts:
             o = self.options
             rp = np.float32(o.repeat_penalty)
@@ -270,11 +286,13 @@ class Sampler:
             if moved:
                 order = sorted(range(len(idl)), key=lambda j: (-vl[j], idl[j]))
                 idl, vl = [idl[j] for j in order], [vl[j] for j in order]
+        if self.temperature == 0.0:
+            return idl[0]
         idl, vl = idl[:k], vl[:k]
         temp = max(self.temperature, 1e-7)
         first = vl[0] / temp
         probs = [math.exp(v / temp - first) for v in vl]
-        total = math.fsum(probs) if len(probs) > 1 else probs[0]
+        total = math.fsum(probs)
         if not math.isfinite(total) or total <= 0.0:
             raise ValueError("sample: logits sum to NaN, check model output")
         probs = [p / total for p in probs]
@@ -289,16 +307,13 @@ class Sampler:
         if self.min_p > 0.0:
             threshold = probs[0] * self.min_p
             end = next((i for i in range(end) if probs[i] < threshold), end)
-            if end == 0:
-                raise ValueError("sample: logits sum to NaN, check model output")
         cums = []
         cum = 0.0
         for p in probs[:end]:
             cum += p
             cums.append(cum)
         r = self.rng.random() * cums[-1]
-        idx = next((i for i, c in enumerate(cums) if c >= r), end - 1)
-        return idl[idx]
+        return idl[next((i for i, c in enumerate(cums) if c >= r), end - 1)]
 
     def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
         """One seeded draw from candidates ``ids`` (sorted by logit) with weights ``probs``."""

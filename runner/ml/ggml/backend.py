@@ -17,11 +17,12 @@ See ``runner.ml.backend`` for the contract (shapes in GGML order, ne0 first).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -299,6 +300,11 @@ class GGMLTensor:
         c = self._graph(ids)
         return GGMLTensor(g.ggml_get_rows(c.ptr, self.ptr, ids.ptr), c)
 
+    def top_k(self, k: int) -> GGMLTensor:
+        """The indices (i32 ``[k, rows]``) of each row's ``k`` largest values, in no order."""
+        c = self._graph()
+        return GGMLTensor(g.ggml_top_k(c.ptr, self.ptr, k), c)
+
     def set_rows(self, src: GGMLTensor, ids: GGMLTensor) -> GGMLTensor:
         c = self._graph(src, ids)
         return GGMLTensor(g.ggml_set_rows(c.ptr, self.ptr, src.ptr, ids.ptr), c)
@@ -382,6 +388,13 @@ class GGMLTensor:
         g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
         return out.astype(np.float32) if np_type is np.float16 else out
 
+    def reader(self, out: np.ndarray) -> Callable[[], None]:
+        """:meth:`read_into` ``out`` as a call with its arguments fixed once (for an array that
+        is read after every compute)."""
+        if not out.flags.c_contiguous or out.nbytes != self.nbytes:
+            raise ValueError(f"reader: {out.nbytes} bytes for a tensor of {self.nbytes}")
+        return functools.partial(g.ggml_backend_tensor_get, self.ptr, out.ctypes.data, 0, out.nbytes)
+
     def read_into(self, out: np.ndarray) -> None:
         """Copy the computed data into ``out`` (contiguous, exactly this tensor's byte size):
         reading into a reused array, where :meth:`numpy` allocates a new one."""
@@ -411,7 +424,8 @@ def _new_ggml_context(n_tensors: int, graph_nodes: int = 0) -> int:
 @dataclass
 class _Input:
     tensor: GGMLTensor
-    data: np.ndarray
+    data: np.ndarray  # the graph's own buffer: set_input copies into it, the upload reads it
+    upload: Callable[[], None]
 
 
 class GraphContext:
@@ -432,13 +446,11 @@ class GraphContext:
         existing = self._inputs.get(name)
         if existing is not None:
             return existing.tensor
-        arr = np.ascontiguousarray(data)
+        arr = np.asarray(data)
         type_id = dtype_id(dtype) if dtype is not None else _DTYPE_OF_NUMPY.get(arr.dtype)
         if type_id is None:
             raise ValueError(f"input {name!r}: unsupported NumPy dtype {arr.dtype}")
-        np_type = _NUMPY_OF[type_id]
-        if arr.dtype != np_type:
-            arr = arr.astype(np_type)
+        arr = np.array(arr, dtype=_NUMPY_OF[type_id], order="C", copy=True)
         ne = list(reversed(arr.shape)) or [1]
         if len(ne) > 4:
             raise ValueError(f"input {name!r}: at most 4 dims, got {arr.shape}")
@@ -446,7 +458,9 @@ class GraphContext:
         t = GGMLTensor(g.ggml_new_tensor(self.ptr, type_id, len(ne), ne_arr), self)
         g.ggml_set_name(t.ptr, name.encode()[:63])
         g.ggml_set_input(t.ptr)
-        self._inputs[name] = _Input(t, arr)
+        # the upload's arguments are fixed once (reading an array's address costs microseconds)
+        self._inputs[name] = _Input(t, arr, functools.partial(g.ggml_backend_tensor_set, t.ptr, arr.ctypes.data, 0,
+                                                              arr.nbytes))
         return t
 
     def has_input(self, name: str) -> bool:
@@ -456,10 +470,10 @@ class GraphContext:
         inp = self._inputs.get(name)
         if inp is None:
             raise KeyError(f"graph has no input {name!r}")
-        arr = np.ascontiguousarray(data, dtype=inp.data.dtype)
-        if arr.shape != inp.data.shape:
-            raise ValueError(f"input {name!r}: shape {arr.shape}, the graph was built for {inp.data.shape}")
-        inp.data = arr
+        shape = np.shape(data)
+        if shape != inp.data.shape:
+            raise ValueError(f"input {name!r}: shape {shape}, the graph was built for {inp.data.shape}")
+        inp.data[...] = data
 
     def new_tensor(self, dtype: str, shape: Sequence[int]) -> GGMLTensor:
         """An uninitialised tensor allocated with the graph (scratch)."""
@@ -494,9 +508,8 @@ class GraphContext:
         return self.backend._reserve(self)
 
     def _upload_inputs(self) -> None:
-        tensor_set = g.ggml_backend_tensor_set
         for inp in self._inputs.values():
-            tensor_set(inp.tensor.ptr, inp.data.ctypes.data, 0, inp.data.nbytes)
+            inp.upload()
 
     def close(self) -> None:
         if not self._closed:
