@@ -24,6 +24,11 @@ then a sort of the few candidates); with top_k off, the sort is done on a growin
 until the top_p/min_p cut, or with no cut the draw itself, falls inside it (a sorted prefix has
 the full sort's cumulative sums, so the token is the one a full sort gives), and the softmax's
 normaliser is one float32 pass. A flat distribution may still need the whole vocabulary sorted.
+
+Penalties that only lower logits keep the k best after them among the k + P best before them
+(P penalised tokens), so top_k sampling reads those alone (:meth:`Sampler._few`), and
+:meth:`Sampler.sample_top` decides greedy and top_k sampling from a graph's top-k of the row
+(the new engine's decode graph picks 128), reading the whole row only when they do not suffice.
 """
 
 from __future__ import annotations
@@ -87,15 +92,22 @@ def penalized(
     nothing applies. Only ``len(set(recent))`` values are touched, never the whole vocabulary."""
     if len(recent) == 0 or (repeat_penalty == 1.0 and presence_penalty == 0.0 and frequency_penalty == 0.0):
         return None
-    seen = Counter(recent)  # a few dozen ids: ~2x faster than np.unique
-    ids = np.fromiter(seen.keys(), dtype=np.int64, count=len(seen))
-    counts = np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
-    keep = (ids >= 0) & (ids < len(logits))
-    ids, counts = ids[keep], counts[keep]
+    return _penalized_counts(logits, Counter(recent), repeat_penalty, presence_penalty, frequency_penalty)
+
+
+def _penalized_counts(logits: np.ndarray, counts: dict[int, int], repeat_penalty: float, presence_penalty: float,
+                      frequency_penalty: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`penalized` for ``counts`` (token -> times seen; ids outside the vocabulary are
+    left out). :meth:`Sampler._few` applies the same rule to single float32 values."""
+    ids = np.fromiter(counts, dtype=np.intp, count=len(counts))
+    if min(counts) < 0 or max(counts) >= len(logits):
+        ids = ids[(ids >= 0) & (ids < len(logits))]
     vals = logits[ids]
     if repeat_penalty != 1.0:
         vals = np.where(vals <= 0, vals * repeat_penalty, vals / repeat_penalty)
-    vals = vals - (counts * frequency_penalty + presence_penalty)
+    if frequency_penalty != 0.0 or presence_penalty != 0.0:
+        seen = np.fromiter((counts[i] for i in ids.tolist()), dtype=np.int64, count=len(ids))
+        vals = vals - (seen * frequency_penalty + presence_penalty)
     return ids, vals.astype(logits.dtype, copy=False)
 
 
@@ -189,21 +201,10 @@ class Sampler:
     def penalties(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """:func:`penalized` for this sampler's history and options (from counts kept as tokens
         are accepted, not counted again per token); None when nothing applies."""
-        counts = self._counts
-        if not self.penalize or not counts:
+        if not self.penalize or not self._counts:
             return None
         o = self.options
-        ids = np.fromiter(counts, dtype=np.intp, count=len(counts))
-        if min(counts) < 0 or max(counts) >= len(logits):
-            keep = (ids >= 0) & (ids < len(logits))
-            ids = ids[keep]
-        vals = logits[ids]
-        if o.repeat_penalty != 1.0:
-            vals = np.where(vals <= 0, vals * o.repeat_penalty, vals / o.repeat_penalty)
-        if o.frequency_penalty != 0.0 or o.presence_penalty != 0.0:
-            c = np.fromiter((counts[i] for i in ids.tolist()), dtype=np.int64, count=len(ids))
-            vals = vals - (c * o.frequency_penalty + o.presence_penalty)
-        return ids, vals.astype(logits.dtype, copy=False)
+        return _penalized_counts(logits, self._counts, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
 
     # --- sampling -------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray) -> int:
