@@ -411,3 +411,23 @@ def test_sample_top_reads_the_row_at_a_tie_on_the_edge_or_nan() -> None:
     reads = []
     s.sample_top(ids, vals, lambda: reads.append(1) or bad)
     assert reads == [1]
+
+
+def test_float32_penalty_arithmetic_without_numpy_equals_numpy() -> None:
+    """The Python path rounds each penalty step to float32 (products and quotients of float32
+    values done in double and rounded once are exact): the same values as NumPy's float32."""
+    from runner.sample.samplers import _f32
+
+    rng = np.random.default_rng(11)
+    x = np.concatenate([(rng.standard_normal(20000) * 10).astype(np.float32),
+                        np.array([3e38, -3e38, 1e-45, -0.0, 0.0], dtype=np.float32)])
+    for rp in (1.1, 1.3, 1.7, 2.0):
+        with np.errstate(over="ignore"):  # -3e38 * rp is -inf in float32, on both sides
+            want = np.where(x <= 0, x * rp, x / rp)
+        r32 = _f32(rp)
+        got = [_f32(v * r32) if v <= 0 else _f32(v / r32) for v in x.tolist()]
+        np.testing.assert_array_equal(np.array(got, dtype=np.float32), want)
+    seen = rng.integers(1, 5, x.size)
+    want = (x - (seen * 0.3 + 0.2)).astype(np.float32)
+    got = [_f32(v - (c * 0.3 + 0.2)) for v, c in zip(x.tolist(), seen.tolist())]
+    np.testing.assert_array_equal(np.array(got, dtype=np.float32), want)

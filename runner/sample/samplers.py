@@ -34,6 +34,7 @@ Penalties that only lower logits keep the k best after them among the k + P best
 from __future__ import annotations
 
 import math
+import struct
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -109,6 +110,19 @@ def _penalized_counts(logits: np.ndarray, counts: dict[int, int], repeat_penalty
         seen = np.fromiter((counts[i] for i in ids.tolist()), dtype=np.int64, count=len(ids))
         vals = vals - (seen * frequency_penalty + presence_penalty)
     return ids, vals.astype(logits.dtype, copy=False)
+
+
+_FLOAT32 = struct.Struct("f")
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32. A product or quotient of two float32 values computed in double
+    and rounded once is the correctly rounded float32 result (double has more than 2 x 24 + 2
+    bits), so this equals NumPy's float32 arithmetic without a NumPy call."""
+    try:
+        return _FLOAT32.unpack(_FLOAT32.pack(x))[0]
+    except OverflowError:  # beyond float32's range: NumPy's float32 gives inf
+        return math.copysign(math.inf, x)
 
 
 def top_ids(logits: np.ndarray, k: int) -> np.ndarray:
@@ -256,11 +270,11 @@ class Sampler:
         options, ties at the edge, NaN or inf) ``full()`` is read and sampled as usual."""
         need = self._few_k + (len(self._counts) if self.penalize else 0)
         if self._few_k and need < len(ids):
-            vl, il = vals.tolist(), ids.tolist()
-            pairs = sorted(zip(vl, il), key=lambda x: (-x[0], x[1]))
-            edge = pairs[-1][0]
-            if pairs[need - 1][0] > edge and math.isfinite(pairs[0][0]) and not any(v != v for v in vl):
-                return self._few([t for _, t in pairs[:need]], [v for v, _ in pairs[:need]])
+            vl = vals.tolist()
+            if not any(v != v for v in vl):  # NaN: the whole row's checks say so
+                order = sorted(zip([-v for v in vl], ids.tolist()))  # (-logit, id): the stable order
+                if order[need - 1][0] < order[-1][0] and math.isfinite(order[0][0]):
+                    return self._few([t for _, t in order[:need]], [-v for v, _ in order[:need]])
         return self.sample(full())
 
     def _few(self, idl: list[int], vl: list[float]) -> int:
@@ -272,21 +286,21 @@ class Sampler:
         k = self._few_k
         if counts:
             o = self.options
-            rp = np.float32(o.repeat_penalty)
+            rp = _f32(o.repeat_penalty)
             moved = False
             for j, t in enumerate(idl):
                 c = counts.get(t)
                 if c:
-                    v = np.float32(vl[j])
+                    v = vl[j]  # a float32 value; each step rounds to float32 as NumPy's float32 does
                     if o.repeat_penalty != 1.0:
-                        v = v * rp if v <= 0 else v / rp
+                        v = _f32(v * rp) if v <= 0 else _f32(v / rp)
                     if o.frequency_penalty != 0.0 or o.presence_penalty != 0.0:
-                        v = np.float32(float(v) - (c * o.frequency_penalty + o.presence_penalty))
-                    vl[j] = float(v)
+                        v = _f32(v - (c * o.frequency_penalty + o.presence_penalty))
+                    vl[j] = v
                     moved = True
             if moved:
-                order = sorted(range(len(idl)), key=lambda j: (-vl[j], idl[j]))
-                idl, vl = [idl[j] for j in order], [vl[j] for j in order]
+                order = sorted(zip([-v for v in vl], idl))
+                idl, vl = [t for _, t in order], [-v for v, _ in order]
         if self.temperature == 0.0:
             return idl[0]
         idl, vl = idl[:k], vl[:k]
