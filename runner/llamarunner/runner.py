@@ -31,20 +31,14 @@ from ..sample.samplers import Sampler, SamplerOptions
 from . import topk
 from .cache import LlamaKv
 from .embed import EmbedContext
+from .llamalog import log_callback
 from .vision import Projector
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
 
 
-def _on_llama_log(level: int, text: bytes, _user: Any) -> None:
-    message = (text or b"").decode("utf-8", errors="replace").rstrip("\n")
-    if message:
-        # GGML_LOG_LEVEL: 2 warn, 3 error; the rest is chatter for --debug.
-        llama_log.log(logging.ERROR if level == 4 else logging.DEBUG, "%s", message)
-
-
-_LOG_CALLBACK = L.llama_log_callback(_on_llama_log)  # kept alive for the process's lifetime
+_LOG_CALLBACK = log_callback(llama_log)  # kept alive for the process's lifetime
 L.llama_log_set(_LOG_CALLBACK, None)
 L.llama_backend_init()
 

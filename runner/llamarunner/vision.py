@@ -30,6 +30,7 @@ import numpy as np
 from ..api import Image, InvalidModel, InvalidRequest, LoadError
 from ..images import EmbeddingCache
 from ..inputcache import ImageInput, Input
+from .llamalog import log_callback
 
 log = logging.getLogger(__name__)
 mtmd_log = logging.getLogger("llama.cpp.mtmd")
@@ -38,13 +39,7 @@ MTMD_INPUT_CHUNK_TYPE_TEXT = 0
 MTMD_INPUT_CHUNK_TYPE_IMAGE = 1
 
 
-def _on_mtmd_log(level: int, text: bytes, _user: Any) -> None:
-    message = (text or b"").decode("utf-8", errors="replace").rstrip("\n")
-    if message:
-        mtmd_log.log(logging.ERROR if level == 4 else logging.DEBUG, "%s", message)
-
-
-_LOG_CALLBACK = L.llama_log_callback(_on_mtmd_log)  # kept alive for the process's lifetime
+_LOG_CALLBACK = log_callback(mtmd_log)  # kept alive for the process's lifetime
 M.mtmd_helper_log_set(_LOG_CALLBACK, None)
 
 
