@@ -160,34 +160,26 @@ def profile(model: str, engine: str, tokens: int, threads: int, greedy: bool, us
 
     Output.flush = flush
     fields = ("prepare_ns", "build_ns", "compute_ns", "read_ns")
-    decode_inner = eng.decode
 
-    def decode(started=None):  # the new engine's Model.stats split the forward call; per batch here
-        before = dataclasses.replace(eng.model.stats) if engine == "new" else None
-        t0 = _now()
-        try:
-            decode_inner(started)
-        finally:
-            t.add("decode", _now() - t0)
-            if before is not None:
-                for f in fields:
-                    t.add(f, getattr(eng.model.stats, f) - getattr(before, f))
+    def split(name: str) -> None:
+        """Time the engine's ``name`` step, and for the new engine the Model.stats it adds."""
+        inner = getattr(eng, name)
 
-    eng.decode = decode
-    prepare_inner = eng.prepare
+        def timed(*args):
+            before = dataclasses.replace(eng.model.stats) if engine == "new" else None
+            t0 = _now()
+            try:
+                inner(*args)
+            finally:
+                t.add(name, _now() - t0)
+                if before is not None:
+                    for f in fields:
+                        t.add(f, getattr(eng.model.stats, f) - getattr(before, f))
 
-    def prepare():  # cache bookkeeping, graph inputs and graph builds happen here
-        before = dataclasses.replace(eng.model.stats) if engine == "new" else None
-        t0 = _now()
-        try:
-            prepare_inner()
-        finally:
-            t.add("prepare", _now() - t0)
-            if before is not None:
-                for f in fields:
-                    t.add(f, getattr(eng.model.stats, f) - getattr(before, f))
+        setattr(eng, name, timed)
 
-    eng.prepare = prepare
+    split("decode")  # the forward call: GGML compute and the logits readout
+    split("prepare")  # cache bookkeeping, graph inputs and graph builds happen here
     if use_cprofile:  # the loop thread runs under the profiler, one batch at a time
         prof = cProfile.Profile()
         inner = r._process_batch
