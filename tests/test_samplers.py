@@ -414,9 +414,11 @@ def test_sample_top_reads_the_row_at_a_tie_on_the_edge_or_nan() -> None:
 
 
 def test_float32_penalty_arithmetic_without_numpy_equals_numpy() -> None:
-    """The Python path rounds each penalty step to float32 (products and quotients of float32
-    values done in double and rounded once are exact): the same values as NumPy's float32."""
-    from runner.sample.samplers import _f32
+    """The Python paths (``Sampler.penalty``: the top-candidates path and the old engine's
+    in-place writes) round each penalty step to float32 (products and quotients of float32
+    values done in double and rounded once are exact): the same values as NumPy's float32
+    rule (:func:`penalized`), overflow included."""
+    from runner.sample.samplers import _f32, _penalized_counts
 
     rng = np.random.default_rng(11)
     x = np.concatenate([(rng.standard_normal(20000) * 10).astype(np.float32),
@@ -431,3 +433,41 @@ def test_float32_penalty_arithmetic_without_numpy_equals_numpy() -> None:
     want = (x - (seen * 0.3 + 0.2)).astype(np.float32)
     got = [_f32(v - (c * 0.3 + 0.2)) for v, c in zip(x.tolist(), seen.tolist())]
     np.testing.assert_array_equal(np.array(got, dtype=np.float32), want)
+    counts = {i: int(c) for i, c in enumerate(seen.tolist())}
+    for rp, fp, pp in ((1.1, 0.0, 0.0), (1.3, 0.3, 0.2), (1.0, 0.5, 0.0), (0.9, 0.0, 0.7)):
+        s = Sampler(SamplerOptions(repeat_penalty=rp, frequency_penalty=fp, presence_penalty=pp))
+        with np.errstate(over="ignore"):
+            ids, want = _penalized_counts(x, counts, rp, pp, fp)
+        got = [s.penalty(v, counts[i]) for i, v in zip(ids.tolist(), x[ids].tolist())]
+        np.testing.assert_array_equal(np.array(got, dtype=np.float32), want)
+
+
+def test_old_engine_top_k_feed_penalises_in_place_and_restores_the_row() -> None:
+    """The old engine's top_k feed writes the penalties into the logits row through a ctypes
+    view and writes the raw values back: the row is bit-identical afterwards (a logprobs request
+    reads it next), and the chain got the k best of NumPy's penalised logits, in order."""
+    import ctypes
+
+    from runner.api import Options
+    from runner.llamarunner.topk import TopKChain
+    from runner.sample.samplers import top_ids_values
+
+    rng = np.random.default_rng(5)
+    vocab = 4096
+    floats = (ctypes.c_float * vocab)(*(rng.standard_normal(vocab) * 3).astype(np.float32).tolist())
+    row = np.ctypeslib.as_array(floats)
+    history = rng.integers(0, vocab, 48).tolist() + list(np.argsort(-row)[:30].tolist())
+    for opts in (Options(seed=3), Options(seed=3, top_k=7, repeat_penalty=1.4, frequency_penalty=0.4,
+                                          presence_penalty=0.3, repeat_last_n=128)):
+        chain = TopKChain(opts, history, num_ctx=512)
+        try:
+            before = row.copy()
+            chain.sample(row, floats)
+            np.testing.assert_array_equal(row, before)
+            shadow = Sampler(SamplerOptions.from_options(opts), num_ctx=512)
+            shadow.accept_many(history[-shadow.history.maxlen:])
+            want_ids, _ = top_ids_values(apply_penalties(
+                row, list(shadow.history), opts.repeat_penalty, opts.presence_penalty, opts.frequency_penalty), opts.top_k)
+            np.testing.assert_array_equal(chain._ids[:opts.top_k], want_ids)  # (the chain scaled their logits)
+        finally:
+            chain.close()

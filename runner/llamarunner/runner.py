@@ -39,6 +39,11 @@ llama_log = logging.getLogger("llama.cpp")
 
 
 _LOG_CALLBACK = log_callback(llama_log)  # kept alive for the process's lifetime
+# llama_get_logits_ith giving the row's address (llama-cpp-python's own binding returns a
+# POINTER(c_float)); a function object of our own, so the shared one keeps its restype
+_LOGITS_ITH = L.llama_cpp._lib["llama_get_logits_ith"]
+_LOGITS_ITH.restype = ctypes.c_void_p
+_LOGITS_ITH.argtypes = [ctypes.c_void_p, ctypes.c_int32]
 L.llama_log_set(_LOG_CALLBACK, None)
 L.llama_backend_init()
 
@@ -160,6 +165,7 @@ class LlamaEngine:
             raise InvalidModel(f"llama.cpp cannot load {info.name} (architecture {info.architecture!r}): {reason}")
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+        self._views: dict[int, tuple[np.ndarray, ctypes.Array]] = {}  # logits rows by address
 
         cparams = L.llama_context_default_params()
         cparams.n_ctx = num_ctx * num_parallel
@@ -287,8 +293,22 @@ class LlamaEngine:
         return self._embed
 
     def logits(self, row: int) -> np.ndarray:
-        ptr = L.llama_get_logits_ith(self._ctx, row)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return self._row(row)[0]
+
+    def _row(self, row: int) -> tuple[np.ndarray, ctypes.Array]:
+        """Batch row ``row``'s logits as a NumPy view and a ctypes float array over the same
+        memory. Views are kept per address (llama.cpp's output buffer moves only when it grows):
+        wrapping the pointer anew cost tens of microseconds a token."""
+        addr = _LOGITS_ITH(self._ctx, row)
+        if not addr:
+            raise LoadError(f"no logits for batch row {row}")
+        views = self._views.get(addr)
+        if views is None:
+            if len(self._views) >= 64:
+                self._views.clear()
+            floats = (ctypes.c_float * self.n_vocab).from_address(addr)
+            views = self._views[addr] = (np.ctypeslib.as_array(floats), floats)
+        return views
 
     # --------------------------------------------------------------------------- sampling
     def new_sampler(self, opts: Options, grammar: Grammar | None, prompt: list[int]) -> Any:
@@ -340,7 +360,7 @@ class LlamaEngine:
             sampler.accept(token)
             return token
         if isinstance(sampler, topk.TopKChain):
-            return sampler.sample(self.logits(row))
+            return sampler.sample(*self._row(row))
         return int(L.llama_sampler_sample(sampler, self._ctx, row))
 
     def close(self) -> None:

@@ -3,10 +3,11 @@
 ``llama_sampler_sample`` copies all ``n_vocab`` logits into candidates, then the chain's
 penalties and top_k partly sort them: ~1.7 ms a token on a 262k vocabulary. With top_k on,
 everything after top_k (typical, top_p, min_p, temperature, the seeded draw) sees only the k
-best candidates, sorted. So the penalties are applied here in NumPy (``runner.sample``'s,
-equal to llama.cpp's ``penalties`` sampler), :func:`~runner.sample.samplers.top_ids` picks the
-k best, and a chain of the remaining llama.cpp samplers (same seed, same RNG) gets only
-those: the same tokens as the full chain. One difference cannot show in practice: among
+best candidates, sorted. So the penalties are applied here (``runner.sample``'s rule, equal to
+llama.cpp's ``penalties`` sampler) as scalar writes into the logits row and back (right after
+a decode each NumPy call costs tens of microseconds), :func:`~runner.sample.samplers.top_ids`
+picks the k best, and a chain of the remaining llama.cpp samplers (same seed, same RNG) gets
+only those: the same tokens as the full chain. One difference cannot show in practice: among
 exactly equal logits the order is by token id here, by ``std::partial_sort``'s heap there.
 """
 
@@ -64,29 +65,31 @@ class TopKChain:
             self.penalties.accept_many(prompt[-self.penalties.history.maxlen:])
         self.chain = after_top_k(opts)
         self._data = (L.llama_token_data * self.k)()
-        self._view = np.frombuffer(self._data, dtype=_DTYPE)
+        view = np.frombuffer(self._data, dtype=_DTYPE)
+        self._ids, self._logits, self._p = view["id"], view["logit"], view["p"]
         self._array = L.llama_token_data_array(self._data, self.k, -1, True)
         self._array_ref = ctypes.byref(self._array)
 
-    def sample(self, logits: np.ndarray) -> int:
-        """The next token for ``logits`` (writeable: penalties go in place and are undone)."""
+    def sample(self, logits: np.ndarray, floats: ctypes.Array) -> int:
+        """The next token for ``logits``; ``floats`` is a ctypes float array over the same
+        memory, where the penalties go in place (a few scalar writes, undone after top_k)."""
         pen = self.penalties
-        changed = pen.penalties(logits)
-        if changed is None:
+        saved: list[tuple[int, float]] = []
+        n = len(floats)
+        for t, c in pen.counts.items():
+            if 0 <= t < n:
+                v = floats[t]
+                saved.append((t, v))
+                floats[t] = pen.penalty(v, c)
+        try:
             ids, vals = top_ids_values(logits, self.k)
-        else:
-            pids, pvals = changed
-            saved = logits[pids]
-            logits[pids] = pvals
-            try:
-                ids, vals = top_ids_values(logits, self.k)
-            finally:
-                logits[pids] = saved
+        finally:
+            for t, v in saved:
+                floats[t] = v
         n = len(ids)
-        view = self._view
-        view["id"][:n] = ids
-        view["logit"][:n] = vals
-        view["p"][:n] = 0.0
+        self._ids[:n] = ids
+        self._logits[:n] = vals
+        self._p[:n] = 0.0
         arr = self._array
         arr.size = n
         arr.selected = -1
@@ -94,7 +97,7 @@ class TopKChain:
         L.llama_sampler_apply(self.chain, self._array_ref)
         if not 0 <= arr.selected < arr.size:
             raise ValueError("sample: no candidate selected, check model output")
-        token = int(view["id"][arr.selected])
+        token = int(self._ids[arr.selected])
         if pen.penalize:
             pen.accept(token)
         return token

@@ -177,6 +177,7 @@ class Sampler:
             o.repeat_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
         )
         self.history: deque[int] = deque(maxlen=max(1, last_n))
+        self._rp32 = _f32(o.repeat_penalty)  # NumPy's float32 arithmetic rounds it so
         self._counts: dict[int, int] = {}  # token -> times in ``history`` (the penalties' Counter)
         # Penalties that only lower logits keep the k best after them among the k + P best
         # before them (P penalised tokens): a token outside has k unpenalised tokens ahead of it.
@@ -219,6 +220,23 @@ class Sampler:
             return None
         o = self.options
         return _penalized_counts(logits, self._counts, o.repeat_penalty, o.presence_penalty, o.frequency_penalty)
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """Token -> times in the penalty window (empty when no penalty applies); read only."""
+        return self._counts if self.penalize else {}
+
+    def penalty(self, logit: float, count: int) -> float:
+        """One logit (a float32 value) of a token seen ``count`` times after the penalties,
+        rounded to float32 at each step exactly as :func:`penalized`'s NumPy float32 arithmetic
+        rounds it (for the Python paths: after GGML has run, each NumPy call costs tens of
+        microseconds)."""
+        o = self.options
+        if o.repeat_penalty != 1.0:
+            logit = _f32(logit * self._rp32) if logit <= 0 else _f32(logit / self._rp32)
+        if o.frequency_penalty != 0.0 or o.presence_penalty != 0.0:
+            logit = _f32(logit - (count * o.frequency_penalty + o.presence_penalty))
+        return logit
 
     # --- sampling -------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray) -> int:
@@ -282,21 +300,15 @@ class Sampler:
         ``vl``, stable order): the penalties (float32, as :func:`penalized` computes them), the
         re-sort, then the argmax, or the softmax, top_p / min_p and the draw, in Python floats
         (after GGML has run, every NumPy call costs tens of microseconds)."""
-        counts = self._counts if self.penalize else {}
+        counts = self.counts
         k = self._few_k
         if counts:
-            o = self.options
-            rp = _f32(o.repeat_penalty)
+            penalty = self.penalty
             moved = False
             for j, t in enumerate(idl):
                 c = counts.get(t)
                 if c:
-                    v = vl[j]  # a float32 value; each step rounds to float32 as NumPy's float32 does
-                    if o.repeat_penalty != 1.0:
-                        v = _f32(v * rp) if v <= 0 else _f32(v / rp)
-                    if o.frequency_penalty != 0.0 or o.presence_penalty != 0.0:
-                        v = _f32(v - (c * o.frequency_penalty + o.presence_penalty))
-                    vl[j] = v
+                    vl[j] = penalty(vl[j], c)
                     moved = True
             if moved:
                 order = sorted(zip([-v for v in vl], idl))
