@@ -143,51 +143,76 @@ def run_llama_bench(binary: Path, model: Path, threads: int, pp: int, tg: int, r
 
 
 # -------------------------------------------------------------------------------- pollama side
-def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int) -> dict:
+def contexts(ctx: str, pp: int, tg: int, n_short: int) -> tuple[int, int]:
+    """(num_ctx for the prompt test, num_ctx for the decode test). ``default``: what ``pollama
+    run`` gives (0: OLLAMA_CONTEXT_LENGTH, else 4096) for both; ``bench``: what ``llama-bench``
+    allocates for its own tests (``n_ctx = p + n``, which llama.cpp pads to 256 cells), plus room
+    for what pollama adds (the prompt test generates one token, the decode test follows a
+    ``n_short``-token prompt): ``tg`` 128 runs in 256 cells, ``pp`` 512 in 768.
+    The cache's size matters to the kernels: without flash attention V is stored transposed, one
+    row per cell count (see bench/README.md)."""
+    if ctx == "default":
+        return 0, 0
+    return -(-(pp + 1) // 256) * 256, -(-(n_short + tg + 1) // 256) * 256
+
+
+def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: str) -> dict:
     """In a fresh process (engine from OLLAMA_NEW_ENGINE): a warm-up, then ``reps`` prompt and
-    decode measurements from the runner's own metrics (what ``--verbose`` prints)."""
+    decode measurements from the runner's own metrics (what ``--verbose`` prints), each test in
+    a runner with its :func:`contexts` ``num_ctx``."""
     import runner
     from runner import config
     from runner.api import Options, Request
 
-    r = runner.load(model, Options(num_thread=threads, num_ctx=2048, num_batch=512), config.load())
+    r = runner.load(model, Options(num_thread=threads, num_ctx=contexts(ctx, pp, tg, 0)[0], num_batch=512),
+                    config.load())
+    r_tg = None
     try:
+        ctx_pp, ctx_tg = contexts(ctx, pp, tg, len(r.tokenize(STORY)))
         long_text = (STORY + " ") * (pp // 20 + 8)
         prompt = r.detokenize(r.tokenize(long_text, add_special=True)[:pp])
         n_prompt = len(r.tokenize(prompt))
         short = STORY
 
-        def run(text: str, n: int, seed: int):
+        def run(text: str, n: int, seed: int, on=None):
             """Consume the stream on this thread while the loop thread produces (as the CLI)."""
             opts = Options(num_predict=n, seed=seed, num_thread=threads)
             pieces: list[str] = []
             final = None
-            for chunk in r.generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
+            for chunk in (on or r).generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
                 pieces.append(chunk.text)
                 if chunk.done:
                     final = chunk
             return final.metrics
 
         run(prompt, 2, 0)  # warm-up: graphs, page faults
-        run(short, 16, 0)
         pp_rates, tg_rates, counts = [], [], []
         for k in range(reps):
             m = run(prompt, 1, k)
             pp_rates.append(m.prompt_eval_count / (m.prompt_eval_duration / 1e9))
+        num_ctx = r.num_ctx
+        if ctx_tg != ctx_pp:
+            r.close()
+            r = r_tg = runner.load(model, Options(num_thread=threads, num_ctx=ctx_tg, num_batch=512), config.load())
+        run(short, 16, 0)
+        for k in range(reps):
             m = run(short, tg + 1, 42 + k)
             counts.append(m.eval_count)
             if m.eval_count > 1:
                 tg_rates.append((m.eval_count - 1) / (m.eval_duration / 1e9))
-        return {"engine": r.engine, "pp": pp_rates, "tg": tg_rates, "n_prompt": n_prompt, "n_gen": counts}
+        return {"engine": r.engine, "pp": pp_rates, "tg": tg_rates, "n_prompt": n_prompt, "n_gen": counts,
+                "num_ctx": [num_ctx, r.num_ctx]}
     finally:
         r.close()
+        if r_tg is not None:
+            r_tg.close()
 
 
-def run_pollama(model: Path, engine: str, threads: int, pp: int, tg: int, reps: int, code: Path) -> dict:
+def run_pollama(model: Path, engine: str, threads: int, pp: int, tg: int, reps: int, code: Path, ctx: str) -> dict:
     """One worker process over the pollama checkout ``code`` (its ``runner`` package)."""
     env = dict(os.environ, OLLAMA_NEW_ENGINE="1" if engine == "new" else "0", PYTHONPATH=str(code))
     cmd = [sys.executable, __file__, "--worker", str(model), "--threads", str(threads), "--pp", str(pp),
-           "--tg", str(tg), "--reps", str(reps)]
+           "--tg", str(tg), "--reps", str(reps), "--ctx", ctx]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise SystemExit(f"pollama worker failed ({engine}, {model.name}):\n{done.stderr[-3000:]}")
@@ -228,18 +253,25 @@ def main() -> None:
     ap.add_argument("--engines", default="old,new")
     ap.add_argument("--pp", type=int, default=512, help="prompt tokens (llama-bench -p)")
     ap.add_argument("--tg", type=int, default=128, help="decoded tokens (llama-bench -n)")
+    ap.add_argument("--ctx", default="default,bench",
+                    help="pollama's num_ctx, one row per: default (what `pollama run` gives, 4096) and/or "
+                         "bench (the cells llama-bench allocates for the same test)")
     ap.add_argument("--llama-bench", help="use this llama-bench binary instead of building one")
     ap.add_argument("--pollama", default=str(ROOT),
                     help="the pollama checkout to measure (default: this one; another, e.g. main, for before/after)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(pollama_worker(args.worker, args.threads, args.pp, args.tg, args.reps)))
+        print(json.dumps(pollama_worker(args.worker, args.threads, args.pp, args.tg, args.reps, args.ctx)))
         return
 
     binary = llama_bench(args.llama_bench)
     models = [(key, *MODELS[key]) for key in args.models.split(",") if key]
     engines = [e for e in args.engines.split(",") if e]
+    ctxs = [c for c in args.ctx.split(",") if c]
+    if not ctxs or any(c not in ("default", "bench") for c in ctxs):
+        raise SystemExit("--ctx: default, bench or both")
+    sizes: dict[tuple[str, str, str], int] = {}
     samples: dict[tuple[str, str, str], list[float]] = {}
     gen_counts: dict[tuple[str, str], list[int]] = {}
     build = ""
@@ -252,11 +284,13 @@ def main() -> None:
             build = lb["build"]
             for test in ("pp", "tg"):
                 samples.setdefault((key, "llama-bench", test), []).extend(lb[test])
-            for engine in engines:
-                ours = run_pollama(path, engine, args.threads, args.pp, args.tg, args.reps, Path(args.pollama))
-                for test in ("pp", "tg"):
-                    samples.setdefault((key, engine, test), []).extend(ours[test])
-                gen_counts.setdefault((key, engine), []).extend(ours["n_gen"])
+            for ctx in ctxs:
+                for engine in engines:
+                    ours = run_pollama(path, engine, args.threads, args.pp, args.tg, args.reps, Path(args.pollama), ctx)
+                    for test, num_ctx in zip(("pp", "tg"), ours["num_ctx"]):
+                        samples.setdefault((key, engine, test, ctx), []).extend(ours[test])
+                        sizes[(key, test, ctx)] = num_ctx
+                    gen_counts.setdefault((key, engine), []).extend(ours["n_gen"])
             print(f"round {rnd + 1}/{args.rounds} {key}: done ({time.time() - t0:.0f} s)", file=sys.stderr)
     load_after = os.getloadavg()
 
@@ -265,8 +299,8 @@ def main() -> None:
     print(f"llama-bench: {binary} (llama.cpp {build}); {args.threads} threads, f16 KV, flash attention off, "
           f"batch 512; {args.rounds} interleaved rounds x {args.reps} samples, medians; "
           f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
-    header = "| model | test | llama-bench tok/s |"
-    rule = "|---|---|---:|"
+    header = "| model | test | pollama num_ctx | llama-bench tok/s |"
+    rule = "|---|---|---:|---:|"
     for engine in engines:
         header += f" pollama {engine} tok/s | {engine} / llama-bench |"
         rule += "---:|---:|"
@@ -275,11 +309,12 @@ def main() -> None:
     for key, label, _ in models:
         for test, name in (("pp", f"pp{args.pp}"), ("tg", f"tg{args.tg}")):
             base = med(samples[(key, "llama-bench", test)])
-            row = f"| {label} | {name} | {base:.1f} |"
-            for engine in engines:
-                ours = med(samples[(key, engine, test)])
-                row += f" {ours:.1f} | {ours / base:.2f}x |"
-            print(row)
+            for ctx in ctxs:
+                row = f"| {label} | {name} | {sizes[(key, test, ctx)]} ({ctx}) | {base:.1f} |"
+                for engine in engines:
+                    ours = med(samples[(key, engine, test, ctx)])
+                    row += f" {ours:.1f} | {ours / base:.2f}x |"
+                print(row)
     short = {f"{key}/{engine}": min(c) for (key, engine), c in gen_counts.items() if min(c) < args.tg + 1}
     if short:
         print(f"\nnote: some answers ended before {args.tg + 1} tokens (EOS); fewest: {short}")

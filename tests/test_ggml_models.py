@@ -549,7 +549,7 @@ def test_wrapped_cache_gets_the_backend_layout_and_reuses_graphs() -> None:
 # ------------------------------------------------------------------ the graph's top-k for the sampler
 def test_graph_top_candidates_are_each_rows_largest_logits() -> None:
     """A decode graph also picks each output row's TOP_CANDIDATES largest logits (GGML's
-    top_k) for the sampler: the same set as sorting the whole row, on a two-row batch and on
+    top_k), sorted descending, for the sampler: the same set as sorting the whole row, on a two-row batch and on
     the single-row decode steps after it. The whole rows are read on demand; reading them once
     the model computed another batch is refused (the compute buffer is the next graph's)."""
     from runner.model.model import TOP_CANDIDATES
@@ -570,6 +570,7 @@ def test_graph_top_candidates_are_each_rows_largest_logits() -> None:
                 want = np.sort(np.argsort(-full[r], kind="stable")[:TOP_CANDIDATES])
                 assert np.array_equal(np.sort(ids[r]), want)
                 np.testing.assert_array_equal(vals[r], full[r][ids[r]])
+                assert np.all(np.diff(vals[r]) <= 0)  # sorted by logit, descending
             token = int(np.argmax(full[0]))
             out = model.execute(model.prepare(Batch([token], [len(a) + step], [0], [0])),
                                 np.asarray([token], np.int32))

@@ -358,9 +358,11 @@ def test_top_k_path_draws_what_the_general_path_draws(repeat: float, freq: float
 
 
 def _graph_top(logits: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """What a graph's top-k gives: the k largest logits' ids in no order, and their logits."""
+    """What a decode graph gives: the k largest logits' ids sorted by logit, descending, equal
+    logits in no particular order, and their logits."""
     ids = np.argpartition(-logits, k)[:k]
     ids = ids[rng.permutation(k)].astype(np.int32)
+    ids = ids[np.argsort(-logits[ids], kind="stable")]  # ties keep the shuffled order
     return ids, logits[ids]
 
 
@@ -394,6 +396,26 @@ def test_sample_top_draws_what_the_whole_row_draws(o: SamplerOptions, from_top: 
         fast.accept(got)
         full.accept(got)
     assert (reads == 0) == from_top, reads
+
+
+def test_sample_top_orders_equal_logits_by_id_without_reading_the_row() -> None:
+    """Equal logits among the best come from the graph in any order; the stable order (by id,
+    as NumPy's stable sort and argmax give it) is restored from the candidates alone."""
+    rng = np.random.default_rng(8)
+    for o in (opts(temperature=0.0, repeat_penalty=1.0), opts(temperature=0.0, repeat_penalty=1.2),
+              opts(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1)):
+        fast, full = Sampler(dataclasses.replace(o, seed=4)), Sampler(dataclasses.replace(o, seed=4))
+        for step in range(30):
+            logits = vocab_logits(49152, "peaked", seed=100 + step)
+            best = np.argsort(-logits, kind="stable")[:60]
+            for a, b in ((0, 1), (5, 9), (30, 31)):  # ties at the top, inside, and near k
+                logits[best[b]] = logits[best[a]]
+            ids, vals = _graph_top(logits, 128, rng)
+            reads = []
+            got = fast.sample_top(ids, vals, lambda: reads.append(1) or logits)
+            assert got == full.sample(logits) and not reads
+            fast.accept(got)
+            full.accept(got)
 
 
 def test_sample_top_reads_the_row_at_a_tie_on_the_edge_or_nan() -> None:

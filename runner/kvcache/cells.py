@@ -260,6 +260,8 @@ class CellTable:
         # whether the current plan's mask is still what it says about the cells: only the
         # one-token step (:meth:`_step`) keeps it so; every other change to the cells clears it
         self._mask_current = False
+        # the last one-token step (its plan, cell, and the sequence's cell bounds after it)
+        self._last_step: tuple[ForwardPlan, int, tuple[int, int]] | None = None
 
     @classmethod
     def for_cache(
@@ -422,17 +424,32 @@ class CellTable:
                     del self._member[seq]
                     return None
         refs = self._refs
-        cell = int(refs.argmin())
-        if refs[cell]:
-            raise KvCacheFull(f"cache: {self.size} batch: 1")
+        prev = self._plan
+        # In a streak of this sequence's steps (nothing else changed since the last one), the
+        # lowest free cell is above the last step's (every cell below that one was taken), and
+        # the sequence's cells span the last step's bounds plus the new cell.
+        streak = (self._mask_current and self._last_step is not None and self._last_step[0] is prev
+                  and memory is None and prev.sequences[0] == seq)
+        cell = -1
+        if streak:
+            assert self._last_step is not None
+            _, last_cell, (first, last) = self._last_step
+            if last_cell + 1 < self.size and not refs.item(last_cell + 1):
+                cell = last_cell + 1
+        if cell < 0:
+            cell = int(refs.argmin())
+            if refs[cell]:
+                raise KvCacheFull(f"cache: {self.size} batch: 1")
         self._pos[cell] = pos
         refs[cell] = 1
         m[cell] = True
-        bounds = _bounds(m if memory is None else m & (self._pos >= pos - (window or memory)))
-        assert bounds is not None  # m holds cell
+        if streak:
+            bounds = (min(first, cell), max(last, cell))
+        else:
+            bounds = _bounds(m if memory is None else m & (self._pos >= pos - (window or memory)))
+            assert bounds is not None  # m holds cell
         start = round_down(bounds[0], self.padding)
         length = round_up(bounds[1] + 1, self.padding) - start
-        prev = self._plan
         plan = ForwardPlan(positions=[pos], sequences=[seq], locs=[cell], start=start, length=length,
                            mask=_NO_MASK)
         if (self._mask_current and prev is not None and prev.sequences == plan.sequences
@@ -444,6 +461,7 @@ class CellTable:
             plan.mask = self._build_mask(plan)
         self._plan = plan
         self._mask_current = True
+        self._last_step = (plan, cell, bounds) if memory is None else None
         return plan
 
     def set_causal(self, causal_except: Iterable[int]) -> np.ndarray:

@@ -122,8 +122,9 @@ class _Graph:
     ctx: GraphContext
     logits: GGMLTensor
     out: np.ndarray
-    # each output row's TOP_CANDIDATES best logits: ids (i32 [K, n_outputs]) and their logits
-    # (f32 [1, K, n_outputs]), read into top_ids / top_logits (n_outputs, K); None: no top-k
+    # each output row's TOP_CANDIDATES best logits, sorted descending: ids (i32 [1, K, n_outputs])
+    # and their logits (f32 [1, K, n_outputs]), read into top_ids / top_logits (n_outputs, K);
+    # None: no top-k
     top: tuple[GGMLTensor, GGMLTensor] | None = None
     top_ids: np.ndarray | None = None
     top_logits: np.ndarray | None = None
@@ -136,8 +137,8 @@ class _Graph:
 
 class Outputs:
     """What :meth:`Model.execute` computed: every output row's best logits (:attr:`top_ids`,
-    :attr:`top_logits`, ``(n_outputs, K)``, in no order within a row; None when the graph has
-    none), and the whole rows on demand (:meth:`logits`, copied out of GGML on the first call).
+    :attr:`top_logits`, ``(n_outputs, K)``, each row sorted by logit, descending, ties in no
+    particular order; None when the graph has none), and the whole rows on demand (:meth:`logits`, copied out of GGML on the first call).
     Valid until the model computes again: the arrays are reused, and the compute buffer the
     rows are read from belongs to the next graph then (:meth:`logits` raises)."""
 
@@ -366,13 +367,16 @@ class Model:
         return out
 
     def _top(self, logits: GGMLTensor, batch: Batch) -> tuple[GGMLTensor, GGMLTensor] | None:
-        """The graph's top-k of each output row's logits (ids, their logits), for the sampler;
-        None for embeddings, a small vocabulary, or many output rows."""
+        """The graph's top-k of each output row's logits (ids, their logits), sorted by logit,
+        descending (ties in no particular order), for the sampler; None for embeddings, a small
+        vocabulary, or many output rows."""
         width, rows = logits.dim(0), logits.dim(1)
         if batch.embeddings or width <= TOP_CANDIDATES or rows > _TOP_ROWS or not logits.is_contiguous():
             return None
-        ids = logits.top_k(TOP_CANDIDATES)  # [K, rows]
-        return ids, logits.reshape(1, width, rows).rows(ids)  # [1, K, rows]
+        ids = logits.top_k(TOP_CANDIDATES)  # [K, rows], in no order
+        vals = logits.reshape(1, width, rows).rows(ids)  # [1, K, rows]
+        order = vals.reshape(TOP_CANDIDATES, rows).argsort_desc()  # the sampler reads them sorted
+        return ids.reshape(1, TOP_CANDIDATES, rows).rows(order), vals.rows(order)
 
     def _build(self, batch: Batch, key: Hashable) -> _Graph:
         ctx = self.backend.new_context()

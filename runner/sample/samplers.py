@@ -282,17 +282,20 @@ class Sampler:
 
     def sample_top(self, ids: np.ndarray, vals: np.ndarray, full: Callable[[], np.ndarray]) -> int:
         """The token :meth:`sample` gives for the logits ``full()``, decided from the row's
-        ``K`` largest logits alone when they suffice (``ids`` / ``vals``, in any order, as a
-        graph's top-k gives them): greedy or top_k sampling whose ``k + P`` best (stable order)
-        all lie above the smallest of the ``K``, so none of them can be missing. Otherwise (other
-        options, ties at the edge, NaN or inf) ``full()`` is read and sampled as usual."""
+        ``K`` largest logits alone when they suffice (``ids`` / ``vals``, sorted by logit,
+        descending, ties in any order, as the decode graph gives them): greedy or top_k sampling
+        whose ``k + P`` best all lie above the smallest of the ``K``, so none of them can be
+        missing. Otherwise (other options, the ``K``-th ties them, NaN or inf) ``full()`` is read
+        and sampled as usual."""
         need = self._few_k + (len(self._counts) if self.penalize else 0)
         if self._few_k and need < len(ids):
             vl = vals.tolist()
-            if not any(v != v for v in vl):  # NaN: the whole row's checks say so
-                order = sorted(zip([-v for v in vl], ids.tolist()))  # (-logit, id): the stable order
-                if order[need - 1][0] < order[-1][0] and math.isfinite(order[0][0]):
-                    return self._few([t for _, t in order[:need]], [-v for v, _ in order[:need]])
+            if math.isfinite(math.fsum(vl)) and vl[need - 1] > vl[-1]:  # fsum: NaN/inf anywhere shows
+                il = ids.tolist()
+                if len(set(vl[:need + 1])) <= need:  # equal logits: the stable order is by id
+                    order = sorted(zip([-v for v in vl], il))
+                    il, vl = [t for _, t in order], [-v for v, _ in order]
+                return self._few(il[:need], vl[:need])
         return self.sample(full())
 
     def _few(self, idl: list[int], vl: list[float]) -> int:

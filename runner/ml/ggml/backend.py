@@ -305,6 +305,12 @@ class GGMLTensor:
         c = self._graph()
         return GGMLTensor(g.ggml_top_k(c.ptr, self.ptr, k), c)
 
+    def argsort_desc(self) -> GGMLTensor:
+        """The indices (i32, this tensor's shape) that sort each row descending (ties in no
+        particular order)."""
+        c = self._graph()
+        return GGMLTensor(g.ggml_argsort(c.ptr, self.ptr, g.GGML_SORT_ORDER_DESC), c)
+
     def set_rows(self, src: GGMLTensor, ids: GGMLTensor) -> GGMLTensor:
         c = self._graph(src, ids)
         return GGMLTensor(g.ggml_set_rows(c.ptr, self.ptr, src.ptr, ids.ptr), c)

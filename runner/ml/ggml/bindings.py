@@ -132,6 +132,7 @@ class GGUF_TYPE:
 GGML_ROPE_TYPE_NORMAL = 0
 GGML_ROPE_TYPE_NEOX = 2
 GGML_PREC_F32 = 10
+GGML_SORT_ORDER_DESC = 1  # enum ggml_sort_order: ASC, DESC
 GGML_OP_POOL_AVG = 1  # enum ggml_op_pool: MAX, AVG
 GGML_STATUS_SUCCESS = 0
 GGML_DEFAULT_GRAPH_SIZE = 2048
@@ -219,6 +220,7 @@ ggml_mul_mat = _bind(_base, "ggml_mul_mat", P, [P, P, P])
 ggml_prec_set_acc = _bind(_base, "ggml_prec_set_acc", c_bool, [P, c_int])
 ggml_get_rows = _bind(_base, "ggml_get_rows", P, [P, P, P])
 ggml_top_k = _bind(_base, "ggml_top_k", P, [P, P, c_int])
+ggml_argsort = _bind(_base, "ggml_argsort", P, [P, P, c_int])
 ggml_set_rows = _bind(_base, "ggml_set_rows", P, [P, P, P, P])
 ggml_cpy = _bind(_base, "ggml_cpy", P, [P, P, P])
 ggml_cast = _bind(_base, "ggml_cast", P, [P, P, c_int])
