@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -208,9 +209,77 @@ def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: s
             r_tg.close()
 
 
+def bare_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: str) -> dict:
+    """The floor for any Python runner: this process drives llama.cpp (llama-cpp-python's
+    low-level API) the way ``llama-bench`` does — one batch of ``pp`` tokens, then ``tg``
+    single-token decodes of a fixed token, no sampling, no text — with the cache sizes of
+    :func:`contexts` and ``llama-bench``'s other settings."""
+    import llama_cpp as L
+
+    quiet = L.llama_log_callback(lambda level, text, data: None)  # kept alive while llama.cpp logs
+    L.llama_log_set(quiet, None)
+    L.llama_backend_init()
+    lmodel = L.llama_model_load_from_file(model.encode(), L.llama_model_default_params())
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(lmodel))
+    n_short = 40  # about STORY's tokens, as pollama's decode test follows it
+    ctx_pp, ctx_tg = contexts(ctx, pp, tg, n_short)
+
+    def context(n_ctx: int):
+        cp = L.llama_context_default_params()
+        cp.n_ctx = n_ctx or 4096
+        cp.n_batch = cp.n_ubatch = 512
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.flash_attn_type = 0
+        cp.type_k = cp.type_v = 1  # f16
+        return L.llama_init_from_model(lmodel, cp)
+
+    def decode(lctx, tokens: list[int], pos: int) -> None:
+        batch = L.llama_batch_init(len(tokens), 0, 1)
+        for i, t in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, pos + i, 1, 0
+            batch.logits[i] = i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        if L.llama_decode(lctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+        L.llama_batch_free(batch)
+
+    rng = random.Random(0)
+    pp_rates, tg_rates = [], []
+    lctx = context(ctx_pp)
+    for k in range(reps + 1):  # the first is the warm-up
+        L.llama_memory_clear(L.llama_get_memory(lctx), True)
+        tokens = [rng.randrange(n_vocab) for _ in range(pp)]
+        t0 = time.perf_counter()
+        decode(lctx, tokens, 0)
+        L.llama_synchronize(lctx)
+        if k:
+            pp_rates.append(pp / (time.perf_counter() - t0))
+    if ctx_tg != ctx_pp:
+        L.llama_free(lctx)
+        lctx = context(ctx_tg)
+    one = L.llama_batch_init(1, 0, 1)
+    for k in range(reps + 1):
+        L.llama_memory_clear(L.llama_get_memory(lctx), True)
+        decode(lctx, [rng.randrange(n_vocab) for _ in range(n_short)], 0)
+        t0 = time.perf_counter()
+        for i in range(tg):
+            one.token[0], one.pos[0], one.n_seq_id[0], one.seq_id[0][0], one.logits[0] = 1, n_short + i, 1, 0, True
+            one.n_tokens = 1
+            L.llama_decode(lctx, one)
+        L.llama_synchronize(lctx)
+        if k:
+            tg_rates.append(tg / (time.perf_counter() - t0))
+    L.llama_batch_free(one)
+    num_ctx = [L.llama_n_ctx(lctx) if ctx_pp == ctx_tg else (ctx_pp or 4096), L.llama_n_ctx(lctx)]
+    L.llama_free(lctx)
+    L.llama_model_free(lmodel)
+    return {"engine": "bare", "pp": pp_rates, "tg": tg_rates, "n_prompt": pp, "n_gen": [tg + 1] * reps,
+            "num_ctx": num_ctx}
+
+
 def run_pollama(model: Path, engine: str, threads: int, pp: int, tg: int, reps: int, code: Path, ctx: str) -> dict:
     """One worker process over the pollama checkout ``code`` (its ``runner`` package)."""
-    env = dict(os.environ, OLLAMA_NEW_ENGINE="1" if engine == "new" else "0", PYTHONPATH=str(code))
+    env = dict(os.environ, OLLAMA_NEW_ENGINE={"new": "1", "old": "0"}.get(engine, engine), PYTHONPATH=str(code))
     cmd = [sys.executable, __file__, "--worker", str(model), "--threads", str(threads), "--pp", str(pp),
            "--tg", str(tg), "--reps", str(reps), "--ctx", ctx]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -250,7 +319,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="samples per measurement per round (default 3)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default="smollm2,gemma3", help="comma list of: " + ",".join(MODELS))
-    ap.add_argument("--engines", default="old,new")
+    ap.add_argument("--engines", default="bare,old,new",
+                    help="old, new (pollama's engines) and bare (a plain llama_decode loop in Python: "
+                         "the floor for any Python runner)")
     ap.add_argument("--pp", type=int, default=512, help="prompt tokens (llama-bench -p)")
     ap.add_argument("--tg", type=int, default=128, help="decoded tokens (llama-bench -n)")
     ap.add_argument("--ctx", default="default,bench",
@@ -262,7 +333,8 @@ def main() -> None:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(pollama_worker(args.worker, args.threads, args.pp, args.tg, args.reps, args.ctx)))
+        work = bare_worker if os.environ.get("OLLAMA_NEW_ENGINE") == "bare" else pollama_worker
+        print(json.dumps(work(args.worker, args.threads, args.pp, args.tg, args.reps, args.ctx)))
         return
 
     binary = llama_bench(args.llama_bench)
