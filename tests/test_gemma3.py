@@ -21,7 +21,7 @@ import pytest
 from runner.ml.backend import BackendOptions
 from runner.model.models import Batch, Model, load
 from tests.conftest import SHARED
-from tests.test_ggml_models import THREADS, LlamaCppRef, _compare, _greedy
+from tests.test_ggml_models import THREADS, LlamaCppRef, _compare, _greedy, check_graph_top
 
 FETCH = SHARED / "models" / "fetch-gemma3.sh"
 MODEL_DIR = Path.home() / ".cache" / "pollama-test-models"  # read before tests isolate HOME
@@ -94,6 +94,16 @@ def test_greedy_64_tokens_match_llama_cpp(pair: tuple[Model, LlamaCppRef], flash
     got_first = model.compute(Batch.sequence(tokens))[0].copy()
     got = _greedy(lambda t, p: model.compute(Batch.sequence([t], start=p))[0], got_first, len(tokens), 64)
     assert got == want
+
+
+def test_graph_top_candidates_on_a_262k_vocabulary(gemma3: Path) -> None:
+    """The decode graph's best logits per row are the row's largest, sorted, on gemma3's 262k
+    vocabulary too."""
+    model = load(gemma3, BackendOptions(num_threads=THREADS))
+    try:
+        check_graph_top(model, [2, 504, 2760, 346], [2, 198, 1090])
+    finally:
+        model.close()
 
 
 def test_plain_weight_buffers_differ_only_in_rounding(gemma3: Path) -> None:

@@ -444,7 +444,7 @@ class GraphContext:
         self.ptr = _new_ggml_context(2 * max_nodes + 64, max_nodes)
         self.graph = g.ggml_new_graph_custom(self.ptr, max_nodes, False)
         self._inputs: dict[str, _Input] = {}
-        self._outputs: list[GGMLTensor] = []
+        self._outputs: set[int] = set()  # tensors already marked as outputs and expanded into the graph
         self._closed = False
 
     # --- inputs ---------------------------------------------------------------------------------
@@ -499,11 +499,12 @@ class GraphContext:
         """Run the graph up to ``outputs``. ``started`` is set once the inputs are uploaded: from
         then on :meth:`set_input` (for the next run) no longer affects this one."""
         for t in outputs:
-            g.ggml_set_output(t.ptr)
-            g.ggml_build_forward_expand(self.graph, t.ptr)
-            self._outputs.append(t)
-        if self.n_nodes >= self.max_nodes:
-            raise MemoryError(f"graph too large: {self.n_nodes} nodes (max {self.max_nodes})")
+            if t.ptr not in self._outputs:  # a graph computed again is complete already
+                g.ggml_set_output(t.ptr)
+                g.ggml_build_forward_expand(self.graph, t.ptr)
+                self._outputs.add(t.ptr)
+                if self.n_nodes >= self.max_nodes:
+                    raise MemoryError(f"graph too large: {self.n_nodes} nodes (max {self.max_nodes})")
         self.backend._compute(self, started)
 
     def reserve(self, *outputs: GGMLTensor) -> int:
