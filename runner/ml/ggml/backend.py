@@ -445,6 +445,7 @@ class GraphContext:
         self.graph = g.ggml_new_graph_custom(self.ptr, max_nodes, False)
         self._inputs: dict[str, _Input] = {}
         self._outputs: set[int] = set()  # tensors already marked as outputs and expanded into the graph
+        self.version = 0  # counts the graph's expansions: the allocator places a graph again when it grew
         self._closed = False
 
     # --- inputs ---------------------------------------------------------------------------------
@@ -490,6 +491,7 @@ class GraphContext:
     def forward(self, *tensors: GGMLTensor) -> None:
         for t in tensors:
             g.ggml_build_forward_expand(self.graph, t.ptr)
+        self.version += 1
 
     @property
     def n_nodes(self) -> int:
@@ -503,6 +505,7 @@ class GraphContext:
                 g.ggml_set_output(t.ptr)
                 g.ggml_build_forward_expand(self.graph, t.ptr)
                 self._outputs.add(t.ptr)
+                self.version += 1
                 if self.n_nodes >= self.max_nodes:
                     raise MemoryError(f"graph too large: {self.n_nodes} nodes (max {self.max_nodes})")
         self.backend._compute(self, started)
@@ -512,6 +515,7 @@ class GraphContext:
         for t in outputs:
             g.ggml_set_output(t.ptr)
             g.ggml_build_forward_expand(self.graph, t.ptr)
+        self.version += 1
         return self.backend._reserve(self)
 
     def _upload_inputs(self) -> None:
@@ -625,7 +629,7 @@ class GGMLBackend:
         # the graph (and its node count) whose tensors hold addresses in the allocator's buffer
         # now: computing it again unchanged (a decode step reusing its graph) needs no new
         # allocation, as in llama.cpp's graph reuse
-        self._allocated: tuple[GraphContext, int] | None = None
+        self._allocated: tuple[GraphContext, int] | None = None  # (graph, its version) last placed
         self._lock = threading.Lock()
         self._closed = False
         log.debug("GGML CPU backend: %d threads, flash attention %s", self.num_threads, self.flash_attention)
@@ -681,7 +685,7 @@ class GGMLBackend:
 
     def _compute(self, ctx: GraphContext, started: threading.Event | None = None) -> None:
         with self._lock:
-            placed = (ctx, ctx.n_nodes)
+            placed = (ctx, ctx.version)  # (not ggml_graph_n_nodes: a ctypes call a token)
             if self._allocated != placed:
                 self._allocated = None
                 if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
