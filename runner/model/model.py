@@ -135,10 +135,31 @@ class _Graph:
         return (self.logits,) if self.top is None else (self.logits, *self.top)
 
 
+def graph_top(logits: GGMLTensor, parts: int) -> tuple[GGMLTensor, GGMLTensor]:
+    """The TOP_CANDIDATES best of each row of ``logits`` (f32 ``[width, rows]``, contiguous):
+    their ids (i32) and logits, each ``[1, K, rows]``, sorted by logit, descending (ties in no
+    particular order). GGML's top_k works a row on one thread: each row is split in ``parts``
+    (dividing ``width``), whose K best hold the row's K best, and a second top_k picks those
+    from the parts' K * parts. (Many small parts cost more: each keeps its own heap of K.)"""
+    width, rows = logits.dim(0), logits.dim(1)
+    k = TOP_CANDIDATES
+    part = width // parts
+    ids = logits.reshape(part, parts * rows).top_k(k)  # [k, parts*rows], in no order
+    vals = logits.reshape(1, part, parts * rows).rows(ids)  # [1, k, parts*rows]
+    if parts > 1:
+        first = np.tile(np.arange(parts, dtype=np.float32) * part, rows)[:, None]  # each part's first id
+        ids = ids.cast("f32").add(logits.ctx.input("top.first", first))  # row ids, exact below 2**24
+        best = vals.reshape(k * parts, rows).top_k(k)  # [k, rows]
+        vals = vals.reshape(1, k * parts, rows).rows(best)
+        ids = ids.reshape(1, k * parts, rows).rows(best).cast("i32")
+    order = vals.reshape(k, rows).argsort_desc()  # the sampler reads them sorted
+    return ids.reshape(1, k, rows).rows(order), vals.rows(order)
+
+
 def _top_parts(width: int, threads: int) -> int:
     """In how many equal parts the decode graph's top_k splits a row of ``width`` logits: a
-    power of two up to the compute threads, each part at least 8 x TOP_CANDIDATES wide (gemma3's
-    262k row: 279 -> 186 us on 2 threads; 64 parts took 1,500 us)."""
+    power of two up to the compute threads, each part at least 8 x TOP_CANDIDATES wide
+    (``bench/bench_topk.py``: 64 parts cost 5x one part)."""
     parts = 1
     while 2 * parts <= threads and width % (2 * parts) == 0 and width // (2 * parts) >= 8 * TOP_CANDIDATES:
         parts *= 2
@@ -384,21 +405,7 @@ class Model:
         k = TOP_CANDIDATES
         if batch.embeddings or width <= k or rows > _TOP_ROWS or not logits.is_contiguous():
             return None
-        # GGML's top_k works a row on one thread: each row is split in one part per thread,
-        # whose k best hold the row's k best; a second top_k picks those from the parts' best.
-        # (Many small parts cost more: each keeps its own heap of k.)
-        parts = _top_parts(width, self.backend.num_threads)
-        part = width // parts
-        ids = logits.reshape(part, parts * rows).top_k(k)  # [k, parts*rows], in no order
-        vals = logits.reshape(1, part, parts * rows).rows(ids)  # [1, k, parts*rows]
-        if parts > 1:
-            first = np.tile(np.arange(parts, dtype=np.float32) * part, rows)[:, None]  # each part's first id
-            ids = ids.cast("f32").add(logits.ctx.input("top.first", first))  # row ids, exact below 2**24
-            best = vals.reshape(k * parts, rows).top_k(k)  # [k, rows]
-            vals = vals.reshape(1, k * parts, rows).rows(best)
-            ids = ids.reshape(1, k * parts, rows).rows(best).cast("i32")
-        order = vals.reshape(k, rows).argsort_desc()  # the sampler reads them sorted
-        return ids.reshape(1, k, rows).rows(order), vals.rows(order)
+        return graph_top(logits, _top_parts(width, self.backend.num_threads))
 
     def _build(self, batch: Batch, key: Hashable) -> _Graph:
         ctx = self.backend.new_context()
