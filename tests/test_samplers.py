@@ -493,3 +493,19 @@ def test_old_engine_top_k_feed_penalises_in_place_and_restores_the_row() -> None
             np.testing.assert_array_equal(chain._ids[:opts.top_k], want_ids)  # (the chain scaled their logits)
         finally:
             chain.close()
+
+
+def test_sample_top_reads_the_row_when_the_candidates_hold_both_infinities() -> None:
+    """+inf and -inf among the candidates sum to NaN: the whole row is read (and refused there,
+    as any row with +inf is), never an exception from the candidates' own check."""
+    s = Sampler(opts(temperature=0.8, top_k=40))
+    row = np.zeros(1000, dtype=np.float32)
+    row[3], row[7] = np.inf, -np.inf
+    ids = np.arange(128, dtype=np.int32)
+    vals = row[ids].copy()
+    vals.sort()
+    vals = vals[::-1].copy()
+    reads = []
+    with pytest.raises(ValueError, match="NaN, \\+inf"):
+        s.sample_top(ids, vals, lambda: reads.append(1) or row)
+    assert reads == [1]

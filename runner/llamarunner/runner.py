@@ -39,13 +39,14 @@ llama_log = logging.getLogger("llama.cpp")
 
 
 _LOG_CALLBACK = log_callback(llama_log)  # kept alive for the process's lifetime
+L.llama_log_set(_LOG_CALLBACK, None)
+L.llama_backend_init()
+
 # llama_get_logits_ith giving the row's address (llama-cpp-python's own binding returns a
 # POINTER(c_float)); a function object of our own, so the shared one keeps its restype
 _LOGITS_ITH = L.llama_cpp._lib["llama_get_logits_ith"]
 _LOGITS_ITH.restype = ctypes.c_void_p
 _LOGITS_ITH.argtypes = [ctypes.c_void_p, ctypes.c_int32]
-L.llama_log_set(_LOG_CALLBACK, None)
-L.llama_backend_init()
 
 
 class _Capture(logging.Handler):

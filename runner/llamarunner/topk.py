@@ -76,12 +76,12 @@ class TopKChain:
         pen = self.penalties
         saved: list[tuple[int, float]] = []
         n = len(floats)
-        for t, c in pen.counts.items():
-            if 0 <= t < n:
-                v = floats[t]
-                saved.append((t, v))
-                floats[t] = pen.penalty(v, c)
         try:
+            for t, c in pen.counts.items():
+                if 0 <= t < n:
+                    v = floats[t]
+                    saved.append((t, v))
+                    floats[t] = pen.penalty(v, c)
             ids, vals = top_ids_values(logits, self.k)
         finally:
             for t, v in saved:

@@ -169,7 +169,8 @@ def _top_parts(width: int, threads: int) -> int:
 class Outputs:
     """What :meth:`Model.execute` computed: every output row's best logits (:attr:`top_ids`,
     :attr:`top_logits`, ``(n_outputs, K)``, each row sorted by logit, descending, ties in no
-    particular order; None when the graph has none), and the whole rows on demand (:meth:`logits`, copied out of GGML on the first call).
+    particular order; None when the graph has none), and the whole rows on demand
+    (:meth:`logits`, copied out of GGML on the first call).
     Valid until the model computes again: the arrays are reused, and the compute buffer the
     rows are read from belongs to the next graph then (:meth:`logits` raises)."""
 

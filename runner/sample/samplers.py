@@ -290,7 +290,7 @@ class Sampler:
         need = self._few_k + (len(self._counts) if self.penalize else 0)
         if self._few_k and need < len(ids):
             vl = vals.tolist()
-            if math.isfinite(math.fsum(vl)) and vl[need - 1] > vl[-1]:  # fsum: NaN/inf anywhere shows
+            if math.isfinite(sum(vl)) and vl[need - 1] > vl[-1]:  # the sum shows NaN/inf anywhere
                 il = ids.tolist()
                 if len(set(vl[:need + 1])) <= need:  # equal logits: the stable order is by id
                     order = sorted(zip([-v for v in vl], il))
