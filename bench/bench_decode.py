@@ -1,7 +1,8 @@
 """`pollama run` decode and prompt speed against llama.cpp's own `llama-bench`, side by side.
 
     python bench/bench_decode.py [--rounds 3] [--threads 2] [--models smollm2,gemma3]
-                                 [--pp 512] [--tg 128] [--llama-bench PATH]
+                                 [--pp 512] [--tg 128] [--ctx default,bench]
+                                 [--engines bare,old,new] [--llama-bench PATH]
 
 `llama-bench` is built from the llama.cpp that llama-cpp-python vendors (the same version the
 old engine runs and whose GGML libraries the new engine calls): the sdist of the installed
@@ -10,10 +11,12 @@ llama-cpp-python version is found in pip's cache or downloaded with pip, and onl
 once; a lock file keeps two builds apart).
 
 Each round runs, interleaved, for each model: `llama-bench` tg (`-p 0 -n TG`) and pp
-(`-p PP -n 0`), then `pollama`'s runner with the old engine and with the new one
-(`OLLAMA_NEW_ENGINE=0/1`), each in a fresh process. Same threads, f16 KV cache, flash
-attention off (pollama's default for these models), batch 512. Figures are medians over all
-rounds' samples.
+(`-p PP -n 0`), then, for each ``--ctx`` (``default``: pollama's num_ctx, 4096; ``bench``: the
+cache llama-bench allocates for the same test, see :func:`contexts`), a `bare` loop (this
+process kind driving `llama_decode` as llama-bench does: the floor for any Python runner) and
+`pollama`'s runner with the old engine and with the new one (`OLLAMA_NEW_ENGINE=0/1`), each in
+a fresh process. Same threads, f16 KV cache, flash attention off (pollama's default for these
+models), batch 512. Figures are medians over all rounds' samples.
 
 pollama's figures are what `pollama run --verbose` reports, measured the way `llama-bench`
 measures: prompt rate = prompt tokens / prompt eval duration of a PP-token raw prompt (cache
@@ -167,7 +170,6 @@ def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: s
 
     r = runner.load(model, Options(num_thread=threads, num_ctx=contexts(ctx, pp, tg, 0)[0], num_batch=512),
                     config.load())
-    r_tg = None
     try:
         ctx_pp, ctx_tg = contexts(ctx, pp, tg, len(r.tokenize(STORY)))
         long_text = (STORY + " ") * (pp // 20 + 8)
@@ -175,12 +177,12 @@ def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: s
         n_prompt = len(r.tokenize(prompt))
         short = STORY
 
-        def run(text: str, n: int, seed: int, on=None):
+        def run(text: str, n: int, seed: int):
             """Consume the stream on this thread while the loop thread produces (as the CLI)."""
             opts = Options(num_predict=n, seed=seed, num_thread=threads)
             pieces: list[str] = []
             final = None
-            for chunk in (on or r).generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
+            for chunk in r.generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
                 pieces.append(chunk.text)
                 if chunk.done:
                     final = chunk
@@ -194,7 +196,7 @@ def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: s
         num_ctx = r.num_ctx
         if ctx_tg != ctx_pp:
             r.close()
-            r = r_tg = runner.load(model, Options(num_thread=threads, num_ctx=ctx_tg, num_batch=512), config.load())
+            r = runner.load(model, Options(num_thread=threads, num_ctx=ctx_tg, num_batch=512), config.load())
         run(short, 16, 0)
         for k in range(reps):
             m = run(short, tg + 1, 42 + k)
@@ -205,8 +207,6 @@ def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: s
                 "num_ctx": [num_ctx, r.num_ctx]}
     finally:
         r.close()
-        if r_tg is not None:
-            r_tg.close()
 
 
 def bare_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: str) -> dict:
@@ -233,34 +233,40 @@ def bare_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: str)
         cp.type_k = cp.type_v = 1  # f16
         return L.llama_init_from_model(lmodel, cp)
 
-    def decode(lctx, tokens: list[int], pos: int) -> None:
+    def batch_of(tokens: list[int]):
+        """A llama_batch of ``tokens`` at positions 0.. in sequence 0, logits for the last."""
         batch = L.llama_batch_init(len(tokens), 0, 1)
         for i, t in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, pos + i, 1, 0
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, i, 1, 0
             batch.logits[i] = i == len(tokens) - 1
         batch.n_tokens = len(tokens)
+        return batch
+
+    def decode(lctx, batch) -> None:
         if L.llama_decode(lctx, batch) != 0:
             raise SystemExit("llama_decode failed")
-        L.llama_batch_free(batch)
 
     rng = random.Random(0)
     pp_rates, tg_rates = [], []
     lctx = context(ctx_pp)
     for k in range(reps + 1):  # the first is the warm-up
         L.llama_memory_clear(L.llama_get_memory(lctx), True)
-        tokens = [rng.randrange(n_vocab) for _ in range(pp)]
+        batch = batch_of([rng.randrange(n_vocab) for _ in range(pp)])
         t0 = time.perf_counter()
-        decode(lctx, tokens, 0)
+        decode(lctx, batch)
         L.llama_synchronize(lctx)
         if k:
             pp_rates.append(pp / (time.perf_counter() - t0))
+        L.llama_batch_free(batch)
     if ctx_tg != ctx_pp:
         L.llama_free(lctx)
         lctx = context(ctx_tg)
     one = L.llama_batch_init(1, 0, 1)
     for k in range(reps + 1):
         L.llama_memory_clear(L.llama_get_memory(lctx), True)
-        decode(lctx, [rng.randrange(n_vocab) for _ in range(n_short)], 0)
+        batch = batch_of([rng.randrange(n_vocab) for _ in range(n_short)])
+        decode(lctx, batch)
+        L.llama_batch_free(batch)
         t0 = time.perf_counter()
         for i in range(tg):
             one.token[0], one.pos[0], one.n_seq_id[0], one.seq_id[0][0], one.logits[0] = 1, n_short + i, 1, 0, True
