@@ -99,7 +99,7 @@ def penalized(
 def _penalized_counts(logits: np.ndarray, counts: dict[int, int], repeat_penalty: float, presence_penalty: float,
                       frequency_penalty: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`penalized` for ``counts`` (token -> times seen; ids outside the vocabulary are
-    left out). :meth:`Sampler._few` applies the same rule to single float32 values."""
+    left out). :meth:`Sampler.penalty` applies the same rule to single float32 values."""
     ids = np.fromiter(counts, dtype=np.intp, count=len(counts))
     if min(counts) < 0 or max(counts) >= len(logits):
         ids = ids[(ids >= 0) & (ids < len(logits))]
@@ -248,11 +248,12 @@ class Sampler:
         or +inf."""
         if logits.ndim != 1 or logits.size == 0:
             raise ValueError(f"sample: expected a 1-D logits vector, got shape {logits.shape}")
-        if self._few_k and self.temperature > 0.0 and self._few_k + len(self._counts) < logits.shape[0]:
+        need = self._few_k + len(self.counts)  # the k + P best hold the k best after penalties
+        if self._few_k and self.temperature > 0.0 and need < logits.shape[0]:
             top = logits.max()
             if not math.isfinite(top):
                 raise ValueError("sample: logits are NaN, +inf or all -inf, check model output")
-            ids, vals = top_ids_values(logits, self._few_k + len(self._counts) if self.penalize else self._few_k)
+            ids, vals = top_ids_values(logits, need)
             return self._few(ids.tolist(), vals.tolist())
         changed = self.penalties(logits)
         if changed is None:
@@ -287,7 +288,7 @@ class Sampler:
         whose ``k + P`` best all lie above the smallest of the ``K``, so none of them can be
         missing. Otherwise (other options, the ``K``-th ties them, NaN or inf) ``full()`` is read
         and sampled as usual."""
-        need = self._few_k + (len(self._counts) if self.penalize else 0)
+        need = self._few_k + len(self.counts)
         if self._few_k and need < len(ids):
             vl = vals.tolist()
             if math.isfinite(sum(vl)) and vl[need - 1] > vl[-1]:  # the sum shows NaN/inf anywhere
