@@ -4,6 +4,7 @@ repetition penalties checked against llama.cpp's own ``llama_sampler_init_penalt
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 
 import numpy as np
@@ -237,7 +238,7 @@ def reference_draws(logits: np.ndarray, o: SamplerOptions, n: int) -> list[int]:
     """Seeded draws over the slow path's candidates (the sampler's own draw: one uniform number
     per token, scaled by the candidates' total when a cut renormalises them)."""
     ids, probs = reference_candidates(logits, o)
-    rng = np.random.default_rng(o.seed)
+    rng = random.Random(o.seed)  # the sampler's generator
     cum = np.cumsum(probs, dtype=np.float64)
     total = cum[-1] if (0 < o.top_k < len(logits) or o.top_p < 1.0 or o.min_p > 0.0) else 1.0
     return [int(ids[min(int(np.searchsorted(cum, rng.random() * total, side="left")), len(ids) - 1)])

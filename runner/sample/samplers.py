@@ -16,8 +16,8 @@ Order, as in Ollama's new engine, with llama.cpp's repetition penalties in front
 7. min_p: keep tokens with ``prob >= min_p * max_prob``;
 8. draw from what is left with the sampler's RNG (seeded: reproducible; ``seed=-1``: random).
 
-The draw (8) is a cumulative sum over the candidates sorted by logit and a seeded uniform
-number; the token is where the number lands. No step copies or sorts the vocabulary unless it
+The draw (8) is a cumulative sum over the candidates sorted by logit and a uniform number from
+the sampler's seeded ``random.Random``; the token is where the number lands. No step copies or sorts the vocabulary unless it
 must: greedy is ``argmax`` over the logits as given; penalties touch only the penalised
 entries (in place, undone after the pick); top_k is :func:`top_ids` (a vectorised threshold,
 then a sort of the few candidates); with top_k off, the sort is done on a growing sorted prefix
@@ -34,9 +34,12 @@ Penalties that only lower logits keep the k best after them among the k + P best
 from __future__ import annotations
 
 import math
+import random
 import struct
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -188,7 +191,9 @@ class Sampler:
             self._few_k = 1
         elif lowering and self.top_k > 0 and not 0.0 < self.typical_p < 1.0:
             self._few_k = self.top_k
-        self.rng = np.random.default_rng(None if o.seed == -1 else int(o.seed) & 0xFFFFFFFFFFFFFFFF)
+        # Python's generator, not NumPy's: one draw a token, and NumPy's costs ~25 us right after
+        # GGML has run (its code is out of the caches), Python's ~5 us
+        self.rng = random.Random(None if o.seed == -1 else int(o.seed) & 0xFFFFFFFFFFFFFFFF)
 
     # --- history --------------------------------------------------------------------------------
     def accept(self, token: int) -> None:
@@ -303,48 +308,32 @@ class Sampler:
         """Greedy or top_k sampling from the ``k + P`` best raw logits (ids ``idl``, logits
         ``vl``, stable order): the penalties (float32, as :func:`penalized` computes them), the
         re-sort, then the argmax, or the softmax, top_p / min_p and the draw, in Python floats
-        (after GGML has run, every NumPy call costs tens of microseconds)."""
+        (after GGML has run, every NumPy call costs tens of microseconds). The cut and the draw
+        work on the running sums of the unnormalised weights: ``p_i > top_p`` over the
+        normalised ones is ``w_i > top_p * total``."""
         counts = self.counts
         k = self._few_k
-        if counts:
+        if counts and not counts.keys().isdisjoint(idl):
             penalty = self.penalty
-            moved = False
-            for j, t in enumerate(idl):
-                c = counts.get(t)
-                if c:
-                    vl[j] = penalty(vl[j], c)
-                    moved = True
-            if moved:
-                order = sorted(zip([-v for v in vl], idl))
-                idl, vl = [t for _, t in order], [-v for v, _ in order]
+            # the k best by logit, descending, ties by id
+            order = sorted([(-penalty(v, counts[t]) if t in counts else -v, t) for t, v in zip(idl, vl)])[:k]
+            idl, vl = [t for _, t in order], [-v for v, _ in order]
         if self.temperature == 0.0:
             return idl[0]
-        idl, vl = idl[:k], vl[:k]
         temp = max(self.temperature, 1e-7)
         first = vl[0] / temp
-        probs = [math.exp(v / temp - first) for v in vl]
-        total = math.fsum(probs)
+        exp = math.exp
+        weights = [exp(v / temp - first) for v in vl[:k]]  # the first is 1
+        sums = list(accumulate(weights))
+        total = sums[-1]
         if not math.isfinite(total) or total <= 0.0:
             raise ValueError("sample: logits sum to NaN, check model output")
-        probs = [p / total for p in probs]
-        end = len(probs)
+        end = len(sums)
         if self.top_p < 1.0:
-            cum = 0.0
-            for i, p in enumerate(probs):
-                cum += p
-                if cum > self.top_p:
-                    end = i + 1
-                    break
+            end = min(end, bisect_right(sums, self.top_p * total) + 1)  # the first sum above the cut
         if self.min_p > 0.0:
-            threshold = probs[0] * self.min_p
-            end = next((i for i in range(end) if probs[i] < threshold), end)
-        cums = []
-        cum = 0.0
-        for p in probs[:end]:
-            cum += p
-            cums.append(cum)
-        r = self.rng.random() * cums[-1]
-        return idl[next((i for i, c in enumerate(cums) if c >= r), end - 1)]
+            end = next((i for i in range(end) if weights[i] < self.min_p), end)  # min_p x the first
+        return idl[min(bisect_left(sums, self.rng.random() * sums[end - 1], 0, end), end - 1)]
 
     def _draw(self, ids: np.ndarray, probs: np.ndarray) -> int:
         """One seeded draw from candidates ``ids`` (sorted by logit) with weights ``probs``."""
