@@ -371,7 +371,8 @@ class BatchRunner:
             return None
         engine = self.model_engine
         engine.batch_begin()
-        taken.sort(key=lambda r: r.seq.slot.id if r.seq.slot is not None else 0)
+        if len(taken) > 1:
+            taken.sort(key=lambda r: r.seq.slot.id if r.seq.slot is not None else 0)
         for row in taken:
             assert row.seq.slot is not None
             row.row = engine.batch_add(row.tokens, row.pos, row.seq.slot.id)
@@ -443,7 +444,8 @@ class BatchRunner:
             room = self.num_ctx - len(seq.slot.inputs)
             if room >= need:
                 if not isinstance(head, ImageInput):
-                    return _text_run(seq.inputs, max(0, min(len(seq.inputs), room, cap)))
+                    n = max(0, min(len(seq.inputs), room, cap))
+                    return n if n <= 1 else _text_run(seq.inputs, n)  # the head is text
                 self.model_engine.decode_image(head, len(seq.slot.inputs), seq.slot.id)
                 seq.slot.inputs.extend(seq.inputs[:head.count])
                 seq.inputs = seq.inputs[head.count:]

@@ -78,12 +78,13 @@ class Output:
             self.pending_logprobs.append(logprob)
         self.pending_pieces.append(piece)
         joined = b"".join(self.pending_pieces)
-        stop = find_stop(joined, self.stops)
+        stops = self.stops
+        stop = find_stop(joined, stops) if stops else None
         if stop is not None:
             return Verdict(DoneReason.STOP, self._cut_at_stop(stop))
         if self.num_predict > 0 and self.num_predicted >= self.num_predict:
             return Verdict(DoneReason.LENGTH)
-        if contains_stop_suffix(joined, self.stops) or incomplete_utf8(joined):
+        if (stops and contains_stop_suffix(joined, stops)) or (not joined.isascii() and incomplete_utf8(joined)):
             return GO_ON
         self.flush()
         return GO_ON

@@ -174,18 +174,12 @@ class Outputs:
     Valid until the model computes again: the arrays are reused, and the compute buffer the
     rows are read from belongs to the next graph then (:meth:`logits` raises)."""
 
-    __slots__ = ("_model", "_graph", "_epoch", "_read")
+    __slots__ = ("_model", "_graph", "_epoch", "_read", "top_ids", "top_logits")
 
     def __init__(self, model: Model, graph: _Graph, epoch: int, read: bool) -> None:
         self._model, self._graph, self._epoch, self._read = model, graph, epoch, read
-
-    @property
-    def top_ids(self) -> np.ndarray | None:
-        return self._graph.top_ids
-
-    @property
-    def top_logits(self) -> np.ndarray | None:
-        return self._graph.top_logits
+        self.top_ids: np.ndarray | None = graph.top_ids
+        self.top_logits: np.ndarray | None = graph.top_logits
 
     def logits(self) -> np.ndarray:
         """float32 ``(n_outputs, n_vocab)`` (or ``n_embd`` for embeddings)."""
@@ -363,15 +357,12 @@ class Model:
             self.stats.build_ns += t2 - t1
         else:
             self._graphs.move_to_end(key)
-            ctx = graph.ctx
-            ctx.set_input("positions", np.asarray(batch.positions, dtype=np.int32))
-            if ctx.has_input("outputs"):
-                ctx.set_input("outputs", np.asarray(batch.outputs, dtype=np.int32))
+            inputs = {"positions": np.asarray(batch.positions, dtype=np.int32), **cache.graph_inputs()}
+            if len(batch.outputs) != len(batch.tokens):  # else the graph has no "outputs" input
+                inputs["outputs"] = np.asarray(batch.outputs, dtype=np.int32)
             if batch.embeds is not None:
-                ctx.set_input("embeds", np.asarray(batch.embeds, dtype=np.float32))
-            for name, data in cache.graph_inputs().items():
-                if ctx.has_input(name):
-                    ctx.set_input(name, data)
+                inputs["embeds"] = np.asarray(batch.embeds, dtype=np.float32)
+            graph.ctx.set_inputs(inputs)
             t2 = time.perf_counter_ns()
             self.stats.prepare_ns += t2 - t1
         self.stats.prepare_ns += t1 - t0
@@ -384,8 +375,7 @@ class Model:
         :meth:`prepare` may begin). A batch of given embeddings has no token ids to set."""
         graph = prepared.graph
         t2 = time.perf_counter_ns()
-        if graph.ctx.has_input("tokens"):
-            graph.ctx.set_input("tokens", tokens)
+        graph.ctx.set_inputs({"tokens": tokens})  # none for a batch of given embeddings
         graph.ctx.compute(*graph.outputs, started=started)
         self._epoch += 1
         t3 = time.perf_counter_ns()
