@@ -412,11 +412,15 @@ class CellTable:
         if m is None:
             return None
         memory, window = self.swa_memory, self.swa_window
+        # Up to position ``window`` a sliding window hides no cell and frees none (positions are
+        # >= 0): the step is then a full-history cache's (the first ``window`` tokens of a chat)
+        seen = window is None or pos <= window  # the window hides nothing
+        plain = memory is None or seen  # every cell of the sequence is kept and in range
         if memory is not None:  # the sliding-window cleanup of the only sequence
             if len(self._member) != 1:
                 return None
-            drop = m & (self._pos < pos - memory)
-            if drop.any():
+            drop = None if seen else m & (self._pos < pos - memory)
+            if drop is not None and drop.any():
                 self._mask_current = False
                 m &= ~drop
                 self._refs -= drop
@@ -429,7 +433,7 @@ class CellTable:
         # lowest free cell is above the last step's (every cell below that one was taken), and
         # the sequence's cells span the last step's bounds plus the new cell.
         streak = (self._mask_current and self._last_step is not None and self._last_step[0] is prev
-                  and memory is None and prev.sequences[0] == seq)
+                  and plain and prev.sequences[0] == seq)
         cell = -1
         if streak:
             assert self._last_step is not None
@@ -446,7 +450,7 @@ class CellTable:
         if streak:
             bounds = (min(first, cell), max(last, cell))
         else:
-            bounds = _bounds(m if memory is None else m & (self._pos >= pos - (window or memory)))
+            bounds = _bounds(m if plain else m & (self._pos >= pos - (window or memory)))
             assert bounds is not None  # m holds cell
         start = round_down(bounds[0], self.padding)
         length = round_up(bounds[1] + 1, self.padding) - start
@@ -454,14 +458,14 @@ class CellTable:
                            mask=_NO_MASK)
         if (self._mask_current and prev is not None and prev.sequences == plan.sequences
                 and prev.positions[0] == pos - 1 and prev.start == start and prev.length == length
-                and window is None and self.chunk_size is None):
+                and seen and self.chunk_size is None):
             plan.mask = prev.mask.copy()
             plan.mask[0, cell - start] = _ZERO
         else:
             plan.mask = self._build_mask(plan)
         self._plan = plan
         self._mask_current = True
-        self._last_step = (plan, cell, bounds) if memory is None else None
+        self._last_step = (plan, cell, bounds) if plain else None
         return plan
 
     def set_causal(self, causal_except: Iterable[int]) -> np.ndarray:
