@@ -578,6 +578,7 @@ def check_graph_top(model: Model, a: list[int], b: list[int]) -> None:
             assert np.array_equal(np.sort(ids[r]), want)
             np.testing.assert_array_equal(vals[r], full[r][ids[r]])
             assert np.all(np.diff(vals[r]) <= 0)  # sorted by logit, descending
+            assert out.top(r) == (ids[r].tolist(), vals[r].tolist())  # the sampler's lists
         token = int(np.argmax(full[0]))
         out = model.execute(model.prepare(Batch([token], [len(a) + step], [0], [0])),
                             np.asarray([token], np.int32))

@@ -392,7 +392,7 @@ def test_sample_top_draws_what_the_whole_row_draws(o: SamplerOptions, from_top: 
             reads += 1
             return logits
 
-        got = fast.sample_top(ids, vals, row)
+        got = fast.sample_top(ids.tolist(), vals.tolist(), row)
         assert got == full.sample(logits)
         fast.accept(got)
         full.accept(got)
@@ -413,7 +413,7 @@ def test_sample_top_orders_equal_logits_by_id_without_reading_the_row() -> None:
                 logits[best[b]] = logits[best[a]]
             ids, vals = _graph_top(logits, 128, rng)
             reads = []
-            got = fast.sample_top(ids, vals, lambda: reads.append(1) or logits)
+            got = fast.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or logits)
             assert got == full.sample(logits) and not reads
             fast.accept(got)
             full.accept(got)
@@ -425,14 +425,14 @@ def test_sample_top_reads_the_row_at_a_tie_on_the_edge_or_nan() -> None:
     flat = np.zeros(1000, dtype=np.float32)  # every logit tied: which 128 a graph keeps is arbitrary
     ids, vals = _graph_top(flat, 128, rng)
     reads = []
-    assert s.sample_top(ids, vals, lambda: reads.append(1) or flat) == 0  # the lowest id, as argmax
+    assert s.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or flat) == 0  # the lowest id, as argmax
     assert reads == [1]
     bad = vocab_logits(49152, "peaked", seed=1)
     ids, vals = _graph_top(bad, 128, rng)
     vals = vals.copy()
     vals[3] = np.nan
     reads = []
-    s.sample_top(ids, vals, lambda: reads.append(1) or bad)
+    s.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or bad)
     assert reads == [1]
 
 
@@ -508,5 +508,5 @@ def test_sample_top_reads_the_row_when_the_candidates_hold_both_infinities() -> 
     vals = vals[::-1].copy()
     reads = []
     with pytest.raises(ValueError, match="NaN, \\+inf"):
-        s.sample_top(ids, vals, lambda: reads.append(1) or row)
+        s.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or row)
     assert reads == [1]

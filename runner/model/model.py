@@ -174,12 +174,22 @@ class Outputs:
     Valid until the model computes again: the arrays are reused, and the compute buffer the
     rows are read from belongs to the next graph then (:meth:`logits` raises)."""
 
-    __slots__ = ("_model", "_graph", "_epoch", "_read", "top_ids", "top_logits")
+    __slots__ = ("_model", "_graph", "_epoch", "_read", "_top", "top_ids", "top_logits")
 
     def __init__(self, model: Model, graph: _Graph, epoch: int, read: bool) -> None:
         self._model, self._graph, self._epoch, self._read = model, graph, epoch, read
+        self._top: tuple[list[list[int]], list[list[float]]] | None = None
         self.top_ids: np.ndarray | None = graph.top_ids
         self.top_logits: np.ndarray | None = graph.top_logits
+
+    def top(self, row: int) -> tuple[list[int], list[float]] | None:
+        """Row ``row`` of :attr:`top_ids` and :attr:`top_logits` as Python lists (what the
+        sampler reads; both arrays are converted once a batch), None when the graph has none."""
+        if self._top is None:
+            if self.top_ids is None or self.top_logits is None:
+                return None
+            self._top = (self.top_ids.tolist(), self.top_logits.tolist())
+        return self._top[0][row], self._top[1][row]
 
     def logits(self) -> np.ndarray:
         """float32 ``(n_outputs, n_vocab)`` (or ``n_embd`` for embeddings)."""

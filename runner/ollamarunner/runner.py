@@ -111,12 +111,11 @@ class _SeqSampler:
     def sample(self, out: Outputs, row: int) -> int:
         """The next token from row ``row`` of ``out``: from the row's best logits the graph
         picked when they decide it (no grammar; :meth:`Sampler.sample_top`), else the row."""
-        ids, vals = out.top_ids, out.top_logits
         if self.grammar is not None:
             token = self.grammar.sample(out.logits()[row], self.sampler.sample)
             self.grammar.accept(token)
-        elif ids is not None and vals is not None:
-            token = self.sampler.sample_top(ids[row], vals[row], lambda: out.logits()[row])
+        elif (top := out.top(row)) is not None:
+            token = self.sampler.sample_top(*top, lambda: out.logits()[row])
         else:
             token = self.sampler.sample(out.logits()[row])
         self.sampler.accept(token)

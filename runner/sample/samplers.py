@@ -286,18 +286,16 @@ class Sampler:
             return self._draw(ids, probs)
         return self._draw_sorted_prefix(logits)
 
-    def sample_top(self, ids: np.ndarray, vals: np.ndarray, full: Callable[[], np.ndarray]) -> int:
+    def sample_top(self, il: list[int], vl: list[float], full: Callable[[], np.ndarray]) -> int:
         """The token :meth:`sample` gives for the logits ``full()``, decided from the row's
-        ``K`` largest logits alone when they suffice (``ids`` / ``vals``, sorted by logit,
-        descending, ties in any order, as the decode graph gives them): greedy or top_k sampling
-        whose ``k + P`` best all lie above the smallest of the ``K``, so none of them can be
-        missing. Otherwise (other options, the ``K``-th ties them, NaN or inf) ``full()`` is read
-        and sampled as usual."""
+        ``K`` largest logits alone when they suffice (ids ``il`` / logits ``vl``, sorted by
+        logit, descending, ties in any order, as the decode graph gives them): greedy or top_k
+        sampling whose ``k + P`` best all lie above the smallest of the ``K``, so none of them
+        can be missing. Otherwise (other options, the ``K``-th ties them, NaN or inf) ``full()``
+        is read and sampled as usual."""
         need = self._few_k + len(self.counts)
-        if self._few_k and need < len(ids):
-            vl = vals.tolist()
+        if self._few_k and need < len(il):
             if math.isfinite(sum(vl)) and vl[need - 1] > vl[-1]:  # the sum shows NaN/inf anywhere
-                il = ids.tolist()
                 if len(set(vl[:need + 1])) <= need:  # equal logits: the stable order is by id
                     order = sorted(zip([-v for v in vl], il))
                     il, vl = [t for _, t in order], [-v for v, _ in order]
