@@ -10,13 +10,15 @@ llama-cpp-python version is found in pip's cache or downloaded with pip, and onl
 `llama-bench` target is built (CPU, `-DLLAMA_CURL=OFF`) into ~/.cache/pollama-bench/ (minutes,
 once; a lock file keeps two builds apart).
 
-Each round runs, interleaved, for each model: `llama-bench` tg (`-p 0 -n TG`) and pp
-(`-p PP -n 0`), then, for each ``--ctx`` (``default``: pollama's num_ctx, 4096; ``bench``: the
-cache llama-bench allocates for the same test, see :func:`contexts`), a `bare` loop (this
-process kind driving `llama_decode` as llama-bench does: the floor for any Python runner) and
-`pollama`'s runner with the old engine and with the new one (`OLLAMA_NEW_ENGINE=0/1`), each in
-a fresh process. Same threads, f16 KV cache, flash attention off (pollama's default for these
-models), batch 512. Figures are medians over all rounds' samples.
+Each round runs, for each model and each ``--ctx`` (``default``: pollama's num_ctx, 4096;
+``bench``: the cache llama-bench allocates for the same test, see :func:`contexts`), a `bare`
+loop (this process kind driving `llama_decode` as llama-bench does: the floor for any Python
+runner) and `pollama`'s runner with the old engine and with the new one
+(`OLLAMA_NEW_ENGINE=0/1`), each in a fresh process and each right after its own `llama-bench`
+run (tg: `-p 0 -n TG`, pp: `-p PP -n 0`). Same threads, f16 KV cache, flash attention off
+(pollama's default for these models), batch 512. The tok/s columns are medians over all rounds'
+samples; each ratio is the median over the rounds of one pair's ratio (a shared machine drifts
+by 10-20 % from one minute to the next; within a pair it mostly cancels), with the pairs' range.
 
 pollama's figures are what `pollama run --verbose` reports, measured the way `llama-bench`
 measures: prompt rate = prompt tokens / prompt eval duration of a PP-token raw prompt (cache
@@ -350,7 +352,8 @@ def main() -> None:
     if not ctxs or any(c not in ("default", "bench") for c in ctxs):
         raise SystemExit("--ctx: default, bench or both")
     sizes: dict[tuple[str, str, str], int] = {}
-    samples: dict[tuple[str, str, str], list[float]] = {}
+    samples: dict[tuple, list[float]] = {}
+    ratios: dict[tuple, list[float]] = {}  # one per pair: pollama's median / llama-bench's just before
     gen_counts: dict[tuple[str, str], list[int]] = {}
     build = ""
     load_before = os.getloadavg()
@@ -358,15 +361,15 @@ def main() -> None:
     for rnd in range(args.rounds):
         for key, _, locate in models:
             path = locate()
-            lb = run_llama_bench(binary, path, args.threads, args.pp, args.tg, args.reps)
-            build = lb["build"]
-            for test in ("pp", "tg"):
-                samples.setdefault((key, "llama-bench", test), []).extend(lb[test])
             for ctx in ctxs:
                 for engine in engines:
+                    lb = run_llama_bench(binary, path, args.threads, args.pp, args.tg, args.reps)
+                    build = lb["build"]
                     ours = run_pollama(path, engine, args.threads, args.pp, args.tg, args.reps, Path(args.pollama), ctx)
                     for test, num_ctx in zip(("pp", "tg"), ours["num_ctx"]):
+                        samples.setdefault((key, "llama-bench", test), []).extend(lb[test])
                         samples.setdefault((key, engine, test, ctx), []).extend(ours[test])
+                        ratios.setdefault((key, engine, test, ctx), []).append(med(ours[test]) / med(lb[test]))
                         sizes[(key, test, ctx)] = num_ctx
                     gen_counts.setdefault((key, engine), []).extend(ours["n_gen"])
             print(f"round {rnd + 1}/{args.rounds} {key}: done ({time.time() - t0:.0f} s)", file=sys.stderr)
@@ -380,7 +383,7 @@ def main() -> None:
     header = "| model | test | pollama num_ctx | llama-bench tok/s |"
     rule = "|---|---|---:|---:|"
     for engine in engines:
-        header += f" pollama {engine} tok/s | {engine} / llama-bench |"
+        header += f" pollama {engine} tok/s | {engine} / llama-bench (range) |"
         rule += "---:|---:|"
     print(header)
     print(rule)
@@ -390,9 +393,13 @@ def main() -> None:
             for ctx in ctxs:
                 row = f"| {label} | {name} | {sizes[(key, test, ctx)]} ({ctx}) | {base:.1f} |"
                 for engine in engines:
-                    ours = med(samples[(key, engine, test, ctx)])
-                    row += f" {ours:.1f} | {ours / base:.2f}x |"
+                    pairs = ratios[(key, engine, test, ctx)]
+                    row += (f" {med(samples[(key, engine, test, ctx)]):.1f} | {med(pairs):.2f}x "
+                            f"({min(pairs):.2f}-{max(pairs):.2f}) |")
                 print(row)
+    print("\nratio: the median over the rounds of pollama's median / the median of the llama-bench run just "
+          "before it (the pair runs within seconds, so the machine's drift between rounds cancels); "
+          "range: the lowest and highest pair")
     short = {f"{key}/{engine}": min(c) for (key, engine), c in gen_counts.items() if min(c) < args.tg + 1}
     if short:
         print(f"\nnote: some answers ended before {args.tg + 1} tokens (EOS); fewest: {short}")

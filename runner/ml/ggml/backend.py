@@ -476,7 +476,7 @@ class GraphContext:
     def set_input(self, name: str, data: np.ndarray) -> None:
         if name not in self._inputs:
             raise KeyError(f"graph has no input {name!r}")
-        self.set_inputs({name: data})
+        self.set_inputs({name: np.asarray(data)})
 
     def set_inputs(self, values: dict[str, np.ndarray]) -> None:
         """:meth:`set_input` for each of ``values`` that is an input of this graph; the others
