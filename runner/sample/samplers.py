@@ -17,13 +17,14 @@ Order, as in Ollama's new engine, with llama.cpp's repetition penalties in front
 8. draw from what is left with the sampler's RNG (seeded: reproducible; ``seed=-1``: random).
 
 The draw (8) is a cumulative sum over the candidates sorted by logit and a uniform number from
-the sampler's seeded ``random.Random``; the token is where the number lands. No step copies or sorts the vocabulary unless it
-must: greedy is ``argmax`` over the logits as given; penalties touch only the penalised
-entries (in place, undone after the pick); top_k is :func:`top_ids` (a vectorised threshold,
-then a sort of the few candidates); with top_k off, the sort is done on a growing sorted prefix
-until the top_p/min_p cut, or with no cut the draw itself, falls inside it (a sorted prefix has
-the full sort's cumulative sums, so the token is the one a full sort gives), and the softmax's
-normaliser is one float32 pass. A flat distribution may still need the whole vocabulary sorted.
+the sampler's seeded ``random.Random``; the token is where the number lands. No step copies or
+sorts the vocabulary unless it must: greedy is ``argmax`` over the logits as given; penalties
+touch only the penalised entries (in place, undone after the pick); top_k is :func:`top_ids` (a
+vectorised threshold, then a sort of the few candidates); with top_k off, the sort is done on a
+growing sorted prefix until the top_p/min_p cut, or with no cut the draw itself, falls inside it
+(a sorted prefix has the full sort's cumulative sums, so the token is the one a full sort
+gives), and the softmax's normaliser is one float32 pass. A flat distribution may still need
+the whole vocabulary sorted.
 
 Penalties that only lower logits keep the k best after them among the k + P best before them
 (P penalised tokens), so top_k sampling reads those alone (:meth:`Sampler._few`), and
@@ -307,8 +308,8 @@ class Sampler:
         ``vl``, stable order): the penalties (float32, as :func:`penalized` computes them), the
         re-sort, then the argmax, or the softmax, top_p / min_p and the draw, in Python floats
         (after GGML has run, every NumPy call costs tens of microseconds). The cut and the draw
-        work on the running sums of the unnormalised weights: ``p_i > top_p`` over the
-        normalised ones is ``w_i > top_p * total``."""
+        work on the running sums of the unnormalised weights: a running sum of probabilities
+        above ``top_p`` is one of weights above ``top_p * total``."""
         counts = self.counts
         k = self._few_k
         if counts and not counts.keys().isdisjoint(idl):
