@@ -135,17 +135,14 @@ def llama_bench(explicit: str | None) -> Path:
     return binary
 
 
-def run_llama_bench(binary: Path, model: Path, threads: int, pp: int, tg: int, reps: int) -> dict:
-    """{"pp": [tok/s samples], "tg": [...], "build": "commit"}; one invocation per test."""
-    out: dict = {"pp": [], "tg": [], "build": ""}
-    for test, p, n in (("tg", 0, tg), ("pp", pp, 0)):
-        cmd = [str(binary), "-m", str(model), "-t", str(threads), "-p", str(p), "-n", str(n), "-fa", "0",
-               "-b", "512", "-ub", "512", "-ctk", "f16", "-ctv", "f16", "-r", str(reps), "-o", "json"]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        for row in json.loads(done.stdout):
-            out[test].extend(row["samples_ts"])
-            out["build"] = f"{row.get('build_commit', '?')} ({row.get('cpu_info', '?')})"
-    return out
+def run_llama_bench(binary: Path, model: Path, threads: int, test: str, pp: int, tg: int) -> tuple[float, str]:
+    """One ``llama-bench`` sample of ``test`` (after its own warm-up run): (tok/s, its build)."""
+    p, n = (pp, 0) if test == "pp" else (0, tg)
+    cmd = [str(binary), "-m", str(model), "-t", str(threads), "-p", str(p), "-n", str(n), "-fa", "0",
+           "-b", "512", "-ub", "512", "-ctk", "f16", "-ctv", "f16", "-r", "1", "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    row = json.loads(done.stdout)[0]
+    return row["samples_ts"][0], f"{row.get('build_commit', '?')} ({row.get('cpu_info', '?')})"
 
 
 # -------------------------------------------------------------------------------- pollama side
@@ -162,141 +159,151 @@ def contexts(ctx: str, pp: int, tg: int, n_short: int) -> tuple[int, int]:
     return -(-(pp + 1) // 256) * 256, -(-(n_short + tg + 1) // 256) * 256
 
 
-def pollama_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: str) -> dict:
-    """In a fresh process (engine from OLLAMA_NEW_ENGINE): a warm-up, then ``reps`` prompt and
-    decode measurements from the runner's own metrics (what ``--verbose`` prints), each test in
-    a runner with its :func:`contexts` ``num_ctx``."""
+def pollama_measure(model: str, threads: int, test: str, pp: int, tg: int, ctx: str):
+    """(what was loaded, a function that measures one ``test`` sample in tok/s) for pollama's
+    runner (engine from OLLAMA_NEW_ENGINE), from the runner's own metrics (what ``--verbose``
+    prints). The stream is consumed on this thread while the loop thread produces, as the CLI."""
     import runner
     from runner import config
     from runner.api import Options, Request
 
-    r = runner.load(model, Options(num_thread=threads, num_ctx=contexts(ctx, pp, tg, 0)[0], num_batch=512),
-                    config.load())
-    try:
-        ctx_pp, ctx_tg = contexts(ctx, pp, tg, len(r.tokenize(STORY)))
-        long_text = (STORY + " ") * (pp // 20 + 8)
-        prompt = r.detokenize(r.tokenize(long_text, add_special=True)[:pp])
-        n_prompt = len(r.tokenize(prompt))
-        short = STORY
+    def load(num_ctx: int):
+        return runner.load(model, Options(num_thread=threads, num_ctx=num_ctx, num_batch=512), config.load())
 
-        def run(text: str, n: int, seed: int):
-            """Consume the stream on this thread while the loop thread produces (as the CLI)."""
-            opts = Options(num_predict=n, seed=seed, num_thread=threads)
-            pieces: list[str] = []
-            final = None
-            for chunk in r.generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
-                pieces.append(chunk.text)
-                if chunk.done:
-                    final = chunk
-            return final.metrics
+    probe = load(contexts(ctx, pp, tg, 0)[0])
+    n_short = len(probe.tokenize(STORY))
+    num_ctx = contexts(ctx, pp, tg, n_short)[0 if test == "pp" else 1]
+    long_text = (STORY + " ") * (pp // 20 + 8)
+    prompt = probe.detokenize(probe.tokenize(long_text, add_special=True)[:pp])
+    if num_ctx != probe.num_ctx and (num_ctx or probe.num_ctx != 4096):
+        probe.close()
+        r = load(num_ctx)
+    else:
+        r = probe
+    seeds = iter(range(42, 1 << 30))
 
-        run(prompt, 2, 0)  # warm-up: graphs, page faults
-        pp_rates, tg_rates, counts = [], [], []
-        for k in range(reps):
-            m = run(prompt, 1, k)
-            pp_rates.append(m.prompt_eval_count / (m.prompt_eval_duration / 1e9))
-        num_ctx = r.num_ctx
-        if ctx_tg != ctx_pp:
-            r.close()
-            r = runner.load(model, Options(num_thread=threads, num_ctx=ctx_tg, num_batch=512), config.load())
-        run(short, 16, 0)
-        for k in range(reps):
-            m = run(short, tg + 1, 42 + k)
-            counts.append(m.eval_count)
-            if m.eval_count > 1:
-                tg_rates.append((m.eval_count - 1) / (m.eval_duration / 1e9))
-        return {"engine": r.engine, "pp": pp_rates, "tg": tg_rates, "n_prompt": n_prompt, "n_gen": counts,
-                "num_ctx": [num_ctx, r.num_ctx]}
-    finally:
-        r.close()
+    def run(text: str, n: int):
+        opts = Options(num_predict=n, seed=next(seeds), num_thread=threads)
+        final = None
+        for chunk in r.generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
+            if chunk.done:
+                final = chunk
+        return final.metrics
+
+    def measure() -> dict:
+        if test == "pp":
+            m = run(prompt, 1)
+            return {"rate": m.prompt_eval_count / (m.prompt_eval_duration / 1e9), "n": m.prompt_eval_count}
+        m = run(STORY, tg + 1)
+        return {"rate": (m.eval_count - 1) / (m.eval_duration / 1e9) if m.eval_count > 1 else float("nan"),
+                "n": m.eval_count}
+
+    if test == "pp":  # warm-up: graphs, page faults
+        run(prompt, 2)
+    run(STORY, 16)
+    return {"engine": r.engine, "num_ctx": r.num_ctx}, measure
 
 
-def bare_worker(model: str, threads: int, pp: int, tg: int, reps: int, ctx: str) -> dict:
+def bare_measure(model: str, threads: int, test: str, pp: int, tg: int, ctx: str):
     """The floor for any Python runner: this process drives llama.cpp (llama-cpp-python's
-    low-level API) the way ``llama-bench`` does — one batch of ``pp`` tokens, then ``tg``
-    single-token decodes of a fixed token, no sampling, no text — with the cache sizes of
-    :func:`contexts` and ``llama-bench``'s other settings."""
+    low-level API) the way ``llama-bench`` does — one batch of ``pp`` tokens, or ``tg``
+    single-token decodes of a fixed token after a short prompt; no sampling, no text — with the
+    cache sizes of :func:`contexts` and ``llama-bench``'s other settings."""
     import llama_cpp as L
 
-    quiet = L.llama_log_callback(lambda level, text, data: None)  # kept alive while llama.cpp logs
+    quiet = L.llama_log_callback(lambda level, text, data: None)
     L.llama_log_set(quiet, None)
     L.llama_backend_init()
     lmodel = L.llama_model_load_from_file(model.encode(), L.llama_model_default_params())
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(lmodel))
     n_short = 40  # about STORY's tokens, as pollama's decode test follows it
-    ctx_pp, ctx_tg = contexts(ctx, pp, tg, n_short)
+    cp = L.llama_context_default_params()
+    cp.n_ctx = contexts(ctx, pp, tg, n_short)[0 if test == "pp" else 1] or 4096
+    cp.n_batch = cp.n_ubatch = 512
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.flash_attn_type = 0
+    cp.type_k = cp.type_v = 1  # f16
+    lctx = L.llama_init_from_model(lmodel, cp)
+    rng = random.Random(0)
+    one = L.llama_batch_init(1, 0, 1)
+    keep = (quiet, lmodel, lctx, one)  # alive as long as measure is
 
-    def context(n_ctx: int):
-        cp = L.llama_context_default_params()
-        cp.n_ctx = n_ctx or 4096
-        cp.n_batch = cp.n_ubatch = 512
-        cp.n_threads = cp.n_threads_batch = threads
-        cp.flash_attn_type = 0
-        cp.type_k = cp.type_v = 1  # f16
-        return L.llama_init_from_model(lmodel, cp)
-
-    def batch_of(tokens: list[int]):
-        """A llama_batch of ``tokens`` at positions 0.. in sequence 0, logits for the last."""
+    def decode(tokens: list[int]) -> None:
+        """Decode ``tokens`` at positions 0.. of sequence 0 (logits for the last)."""
         batch = L.llama_batch_init(len(tokens), 0, 1)
         for i, t in enumerate(tokens):
             batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, i, 1, 0
             batch.logits[i] = i == len(tokens) - 1
         batch.n_tokens = len(tokens)
-        return batch
+        try:
+            if L.llama_decode(lctx, batch) != 0:
+                raise SystemExit("llama_decode failed")
+        finally:
+            L.llama_batch_free(batch)
 
-    def decode(lctx, batch) -> None:
-        if L.llama_decode(lctx, batch) != 0:
-            raise SystemExit("llama_decode failed")
-
-    rng = random.Random(0)
-    pp_rates, tg_rates = [], []
-    lctx = context(ctx_pp)
-    for k in range(reps + 1):  # the first is the warm-up
+    def measure() -> dict:
+        assert keep
         L.llama_memory_clear(L.llama_get_memory(lctx), True)
-        batch = batch_of([rng.randrange(n_vocab) for _ in range(pp)])
-        t0 = time.perf_counter()
-        decode(lctx, batch)
-        L.llama_synchronize(lctx)
-        if k:
-            pp_rates.append(pp / (time.perf_counter() - t0))
-        L.llama_batch_free(batch)
-    if ctx_tg != ctx_pp:
-        L.llama_free(lctx)
-        lctx = context(ctx_tg)
-    one = L.llama_batch_init(1, 0, 1)
-    for k in range(reps + 1):
-        L.llama_memory_clear(L.llama_get_memory(lctx), True)
-        batch = batch_of([rng.randrange(n_vocab) for _ in range(n_short)])
-        decode(lctx, batch)
-        L.llama_batch_free(batch)
+        if test == "pp":
+            tokens = [rng.randrange(n_vocab) for _ in range(pp)]
+            t0 = time.perf_counter()
+            decode(tokens)
+            L.llama_synchronize(lctx)
+            return {"rate": pp / (time.perf_counter() - t0), "n": pp}
+        decode([rng.randrange(n_vocab) for _ in range(n_short)])
         t0 = time.perf_counter()
         for i in range(tg):
             one.token[0], one.pos[0], one.n_seq_id[0], one.seq_id[0][0], one.logits[0] = 1, n_short + i, 1, 0, True
             one.n_tokens = 1
             L.llama_decode(lctx, one)
         L.llama_synchronize(lctx)
-        if k:
-            tg_rates.append(tg / (time.perf_counter() - t0))
-    L.llama_batch_free(one)
-    num_ctx = [L.llama_n_ctx(lctx) if ctx_pp == ctx_tg else (ctx_pp or 4096), L.llama_n_ctx(lctx)]
-    L.llama_free(lctx)
-    L.llama_model_free(lmodel)
-    return {"engine": "bare", "pp": pp_rates, "tg": tg_rates, "n_prompt": pp, "n_gen": [tg + 1] * reps,
-            "num_ctx": num_ctx}
+        return {"rate": tg / (time.perf_counter() - t0), "n": tg + 1}
+
+    measure()  # warm-up
+    return {"engine": "bare", "num_ctx": L.llama_n_ctx(lctx)}, measure
 
 
-def run_pollama(model: Path, engine: str, threads: int, pp: int, tg: int, reps: int, code: Path, ctx: str) -> dict:
-    """One worker process over the pollama checkout ``code`` (its ``runner`` package)."""
-    env = dict(os.environ, OLLAMA_NEW_ENGINE={"new": "1", "old": "0"}.get(engine, engine), PYTHONPATH=str(code))
-    cmd = [sys.executable, __file__, "--worker", str(model), "--threads", str(threads), "--pp", str(pp),
-           "--tg", str(tg), "--reps", str(reps), "--ctx", ctx]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"pollama worker failed ({engine}, {model.name}):\n{done.stderr[-3000:]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if result["engine"] != engine:
-        raise SystemExit(f"{model.name}: asked for the {engine} engine, got {result['engine']}")
-    return result
+def serve_worker(model: str, threads: int, test: str, pp: int, tg: int, ctx: str) -> None:
+    """A worker process: load, warm up, print what was loaded as a JSON line, then one JSON
+    line (``rate``, ``n``) per line read from stdin, until stdin closes."""
+    make = bare_measure if os.environ.get("OLLAMA_NEW_ENGINE") == "bare" else pollama_measure
+    info, measure = make(model, threads, test, pp, tg, ctx)
+    print(json.dumps(info), flush=True)
+    for _ in sys.stdin:
+        print(json.dumps(measure()), flush=True)
+
+
+class Worker:
+    """One worker process kept for a whole run (model, engine, test, ``--ctx``), so a sample is
+    one measurement seconds after its ``llama-bench`` pair, not a process start and a load."""
+
+    def __init__(self, model: Path, engine: str, test: str, ctx: str, args: argparse.Namespace) -> None:
+        self.label = f"{engine} {test} {ctx} ({model.name})"
+        env = dict(os.environ, OLLAMA_NEW_ENGINE={"new": "1", "old": "0"}.get(engine, engine),
+                   PYTHONPATH=str(args.pollama))
+        cmd = [sys.executable, __file__, "--worker", str(model), "--test", test, "--threads", str(args.threads),
+               "--pp", str(args.pp), "--tg", str(args.tg), "--ctx", ctx]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._reply()
+        if self.info["engine"] != engine:
+            raise SystemExit(f"{model.name}: asked for the {engine} engine, got {self.info['engine']}")
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line:
+            raise SystemExit(f"pollama worker failed: {self.label} (its stderr is above)")
+        return json.loads(line)
+
+    def measure(self) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 # ------------------------------------------------------------------------------------- report
@@ -323,13 +330,13 @@ def med(xs: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    ap.add_argument("--reps", type=int, default=3, help="samples per measurement per round (default 3)")
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds: pairs per ratio (default 10)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--models", default="smollm2,gemma3", help="comma list of: " + ",".join(MODELS))
     ap.add_argument("--engines", default="bare,old,new",
                     help="old, new (pollama's engines) and bare (a plain llama_decode loop in Python: "
                          "the floor for any Python runner)")
+    ap.add_argument("--tests", default="pp,tg", help="pp (prompt processing), tg (decode) or both")
     ap.add_argument("--pp", type=int, default=512, help="prompt tokens (llama-bench -p)")
     ap.add_argument("--tg", type=int, default=128, help="decoded tokens (llama-bench -n)")
     ap.add_argument("--ctx", default="default,bench",
@@ -339,70 +346,95 @@ def main() -> None:
     ap.add_argument("--pollama", default=str(ROOT),
                     help="the pollama checkout to measure (default: this one; another, e.g. main, for before/after)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--test", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        work = bare_worker if os.environ.get("OLLAMA_NEW_ENGINE") == "bare" else pollama_worker
-        print(json.dumps(work(args.worker, args.threads, args.pp, args.tg, args.reps, args.ctx)))
+        serve_worker(args.worker, args.threads, args.test, args.pp, args.tg, args.ctx)
         return
 
     binary = llama_bench(args.llama_bench)
     models = [(key, *MODELS[key]) for key in args.models.split(",") if key]
     engines = [e for e in args.engines.split(",") if e]
+    tests = [t for t in args.tests.split(",") if t]
     ctxs = [c for c in args.ctx.split(",") if c]
     if not ctxs or any(c not in ("default", "bench") for c in ctxs):
         raise SystemExit("--ctx: default, bench or both")
+    if not tests or any(t not in ("pp", "tg") for t in tests):
+        raise SystemExit("--tests: pp, tg or both")
     sizes: dict[tuple[str, str, str], int] = {}
     samples: dict[tuple, list[float]] = {}
-    ratios: dict[tuple, list[float]] = {}  # one per pair: pollama's median / llama-bench's just before
+    ratios: dict[tuple, list[float]] = {}  # one per pair: pollama's sample / llama-bench's beside it
     gen_counts: dict[tuple[str, str], list[int]] = {}
     build = ""
     load_before = os.getloadavg()
     t0 = time.time()
-    for rnd in range(args.rounds):
-        for key, _, locate in models:
-            path = locate()
-            for ctx in ctxs:
-                for engine in engines:
-                    lb = run_llama_bench(binary, path, args.threads, args.pp, args.tg, args.reps)
-                    build = lb["build"]
-                    ours = run_pollama(path, engine, args.threads, args.pp, args.tg, args.reps, Path(args.pollama), ctx)
-                    for test, num_ctx in zip(("pp", "tg"), ours["num_ctx"]):
-                        samples.setdefault((key, "llama-bench", test), []).extend(lb[test])
-                        samples.setdefault((key, engine, test, ctx), []).extend(ours[test])
-                        ratios.setdefault((key, engine, test, ctx), []).append(med(ours[test]) / med(lb[test]))
-                        sizes[(key, test, ctx)] = num_ctx
-                    gen_counts.setdefault((key, engine), []).extend(ours["n_gen"])
-            print(f"round {rnd + 1}/{args.rounds} {key}: done ({time.time() - t0:.0f} s)", file=sys.stderr)
+    for key, _, locate in models:
+        path = locate()
+        workers: dict[tuple[str, str, str], Worker] = {}
+        try:
+            for test in tests:
+                for ctx in ctxs:
+                    for engine in engines:
+                        w = workers[(engine, test, ctx)] = Worker(path, engine, test, ctx, args)
+                        sizes[(key, test, ctx)] = w.info["num_ctx"]
+            for rnd in range(args.rounds):
+                for test in tests:
+                    for ctx in ctxs:
+                        for k, engine in enumerate(engines):
+                            # each pair runs back to back, llama-bench first in every other one
+                            if (rnd + k) % 2 == 0:
+                                lb, build = run_llama_bench(binary, path, args.threads, test, args.pp, args.tg)
+                                ours = workers[(engine, test, ctx)].measure()
+                            else:
+                                ours = workers[(engine, test, ctx)].measure()
+                                lb, build = run_llama_bench(binary, path, args.threads, test, args.pp, args.tg)
+                            samples.setdefault((key, "llama-bench", test), []).append(lb)
+                            samples.setdefault((key, engine, test, ctx), []).append(ours["rate"])
+                            ratios.setdefault((key, engine, test, ctx), []).append(ours["rate"] / lb)
+                            if test == "tg":
+                                gen_counts.setdefault((key, engine), []).append(ours["n"])
+                print(f"round {rnd + 1}/{args.rounds} {key}: done ({time.time() - t0:.0f} s)", file=sys.stderr)
+        finally:
+            for w in workers.values():
+                w.close()
     load_after = os.getloadavg()
 
     print(f"machine: {machine()}")
     print(f"pollama: {args.pollama} ({git_head(Path(args.pollama))})")
     print(f"llama-bench: {binary} (llama.cpp {build}); {args.threads} threads, f16 KV, flash attention off, "
-          f"batch 512; {args.rounds} interleaved rounds x {args.reps} samples, medians; "
-          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
+          f"batch 512; {args.rounds} rounds of pairs (one llama-bench run, one pollama run, back to back), "
+          f"medians; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
     header = "| model | test | pollama num_ctx | llama-bench tok/s |"
     rule = "|---|---|---:|---:|"
     for engine in engines:
-        header += f" pollama {engine} tok/s | {engine} / llama-bench (range) |"
+        header += f" pollama {engine} tok/s | {engine} / llama-bench (middle half) |"
         rule += "---:|---:|"
     print(header)
     print(rule)
+    names = {"pp": f"pp{args.pp}", "tg": f"tg{args.tg}"}
     for key, label, _ in models:
-        for test, name in (("pp", f"pp{args.pp}"), ("tg", f"tg{args.tg}")):
+        for test in tests:
             base = med(samples[(key, "llama-bench", test)])
             for ctx in ctxs:
-                row = f"| {label} | {name} | {sizes[(key, test, ctx)]} ({ctx}) | {base:.1f} |"
+                row = f"| {label} | {names[test]} | {sizes[(key, test, ctx)]} ({ctx}) | {base:.1f} |"
                 for engine in engines:
                     pairs = ratios[(key, engine, test, ctx)]
-                    row += (f" {med(samples[(key, engine, test, ctx)]):.1f} | {med(pairs):.2f}x "
-                            f"({min(pairs):.2f}-{max(pairs):.2f}) |")
+                    low, high = quartiles(pairs)
+                    row += f" {med(samples[(key, engine, test, ctx)]):.1f} | {med(pairs):.2f}x ({low:.2f}-{high:.2f}) |"
                 print(row)
-    print("\nratio: the median over the rounds of pollama's median / the median of the llama-bench run just "
-          "before it (the pair runs within seconds, so the machine's drift between rounds cancels); "
-          "range: the lowest and highest pair")
+    print("\nratio: the median over the rounds of one pair's ratio, pollama's sample / the llama-bench sample "
+          "run beside it (seconds apart, so the machine's drift between pairs cancels); middle half: the "
+          "pairs' quartiles")
     short = {f"{key}/{engine}": min(c) for (key, engine), c in gen_counts.items() if min(c) < args.tg + 1}
     if short:
         print(f"\nnote: some answers ended before {args.tg + 1} tokens (EOS); fewest: {short}")
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    if len(xs) < 4:
+        return min(xs), max(xs)
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
 
 
 if __name__ == "__main__":
