@@ -491,9 +491,51 @@ def test_old_engine_top_k_feed_penalises_in_place_and_restores_the_row() -> None
             shadow.accept_many(history[-shadow.history.maxlen:])
             want_ids, _ = top_ids_values(apply_penalties(
                 row, list(shadow.history), opts.repeat_penalty, opts.presence_penalty, opts.frequency_penalty), opts.top_k)
-            np.testing.assert_array_equal(chain._ids[:opts.top_k], want_ids)  # (the chain scaled their logits)
+            got = [c.id for c in chain._data[:opts.top_k]]  # llama.cpp's candidates (the chain scaled their logits)
+            assert got == want_ids.tolist()
         finally:
             chain.close()
+
+
+def test_best_is_a_stable_sort_of_the_row_cut_to_k() -> None:
+    """``best.c``: the k best of a row in llama_token_data records, equal to a stable descending
+    sort cut to k, -inf and NaN left out (as ``top_ids_values`` leaves them), p = 0; on rows
+    with many ties, infinities, NaN, a partial last block of 64, k of 0 and k above the row."""
+    import ctypes
+
+    from runner.sample._best import best
+
+    class Record(ctypes.Structure):
+        _fields_ = [("id", ctypes.c_int32), ("logit", ctypes.c_float), ("p", ctypes.c_float)]
+
+    rng = np.random.default_rng(11)
+    out = (Record * 300)()
+    view = np.frombuffer(out, dtype=np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+    for trial in range(600):
+        n = int(rng.integers(1, 3000)) if trial % 3 else int(rng.integers(1, 300))
+        row = rng.standard_normal(n).astype(np.float32)
+        if trial % 4 == 0:
+            row = np.round(row * 2) / 2  # many ties
+        if trial % 5 == 0:
+            row[rng.integers(0, n, size=max(1, n // 3))] = -np.inf
+        if trial % 7 == 0:
+            row[rng.integers(0, n, size=max(1, n // 10))] = np.nan
+        if trial % 11 == 0:
+            row[rng.integers(0, n)] = np.inf
+        k = int(rng.integers(0, 300))
+        view["p"] = 1.0
+        count = best(row, k, out)
+        clean = np.where(np.isnan(row), -np.inf, row)
+        want = [int(i) for i in np.argsort(-clean, kind="stable") if clean[i] > -np.inf][:k]
+        assert view["id"][:count].tolist() == want, (trial, n, k)
+        assert view["logit"][:count].tolist() == row[want].tolist()
+        assert not view["p"][:count].any()
+    with pytest.raises(ValueError, match="fewer than k"):
+        best(np.zeros(10, np.float32), 301, out)
+    with pytest.raises(ValueError, match="float32"):
+        best(b"abc", 1, out)
+    with pytest.raises(BufferError):
+        best(np.zeros(10, np.float32), 1, bytes(12))  # read-only
 
 
 def test_sample_top_reads_the_row_when_the_candidates_hold_both_infinities() -> None:

@@ -5,10 +5,11 @@ penalties and top_k partly sort them: ~1.7 ms a token on a 262k vocabulary. With
 everything after top_k (typical, top_p, min_p, temperature, the seeded draw) sees only the k
 best candidates, sorted. So the penalties are applied here (``runner.sample``'s rule, equal to
 llama.cpp's ``penalties`` sampler) as scalar writes into the logits row and back (right after
-a decode each NumPy call costs tens of microseconds), :func:`~runner.sample.samplers.top_ids`
-picks the k best, and a chain of the remaining llama.cpp samplers (same seed, same RNG) gets
-only those: the same tokens as the full chain. One difference cannot show in practice: among
-exactly equal logits the order is by token id here, by ``std::partial_sort``'s heap there.
+a decode each NumPy call costs tens of microseconds), one pass of C
+(``runner/sample/best.c``) writes the k best straight into llama.cpp's candidates array, and a chain of the remaining llama.cpp samplers (same seed, same
+RNG) gets only those: the same tokens as the full chain. One difference cannot show in
+practice: among exactly equal logits the order is by token id here, by
+``std::partial_sort``'s heap there.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import llama_cpp as L
 import numpy as np
 
 from ..api import Options
-from ..sample.samplers import Sampler, SamplerOptions, top_ids_values
+from ..sample._best import best
+from ..sample.samplers import Sampler, SamplerOptions
 
-_DTYPE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-assert _DTYPE.itemsize == ctypes.sizeof(L.llama_token_data)
+assert ctypes.sizeof(L.llama_token_data) == 12  # best.c's record: int32 id, float32 logit, float32 p
 
 
 def applies(opts: Options, has_grammar: bool, n_vocab: int) -> bool:
@@ -65,8 +66,6 @@ class TopKChain:
             self.penalties.accept_many(prompt[-self.penalties.history.maxlen:])
         self.chain = after_top_k(opts)
         self._data = (L.llama_token_data * self.k)()
-        view = np.frombuffer(self._data, dtype=_DTYPE)
-        self._ids, self._logits, self._p = view["id"], view["logit"], view["p"]
         self._array = L.llama_token_data_array(self._data, self.k, -1, True)
         self._array_ref = ctypes.byref(self._array)
 
@@ -82,22 +81,18 @@ class TopKChain:
                     v = floats[t]
                     saved.append((t, v))
                     floats[t] = pen.penalty(v, c)
-            ids, vals = top_ids_values(logits, self.k)
+            count = best(logits, self.k, self._data)  # sorted, p = 0
         finally:
             for t, v in saved:
                 floats[t] = v
-        n = len(ids)
-        self._ids[:n] = ids
-        self._logits[:n] = vals
-        self._p[:n] = 0.0
         arr = self._array
-        arr.size = n
+        arr.size = count
         arr.selected = -1
         arr.sorted = True
         L.llama_sampler_apply(self.chain, self._array_ref)
         if not 0 <= arr.selected < arr.size:
             raise ValueError("sample: no candidate selected, check model output")
-        token = int(self._ids[arr.selected])
+        token = self._data[arr.selected].id
         if pen.penalize:
             pen.accept(token)
         return token

@@ -1,0 +1,159 @@
+/* runner.sample._best: the k best logits of a row, in one pass of C.
+
+   Right after GGML has computed a token, each NumPy call pays again for its code and data (the
+   weights have streamed through the caches): NumPy's top pass over a 49k row, about a dozen
+   calls, took ~150 us there, and ~210 us over gemma3's 262k. This pass reads the row once
+   (the maximum of each block of 64 logits with 4-wide vector compares; a block whose maximum
+   cannot enter is skipped) and keeps the k best in a heap: ~45 us and ~140 us in the same
+   place (bench/README.md, "The fifth pass").
+
+   best(row, k, out) -> count
+     row: a C-contiguous buffer of float32 logits (a NumPy array, a ctypes float array).
+     out: a writable buffer of at least k records {int32 id; float32 logit; float32 p}, the
+          layout of llama.cpp's llama_token_data.
+     Writes the k best (fewer when fewer are finite-or-+inf: -inf and NaN never enter) sorted
+     by logit, descending, equal logits by id, ascending (a stable sort's order), with p = 0,
+     and returns how many. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    int32_t id;
+    float logit;
+    float p;
+} Candidate;
+_Static_assert(sizeof(Candidate) == 12, "llama_token_data is 12 bytes");
+
+/* a ranks above b: a larger logit, or the same logit and a smaller id */
+static inline int above(const Candidate *a, const Candidate *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+/* heap[0] is the lowest ranked of the heap */
+static void sift_down(Candidate *heap, Py_ssize_t size, Py_ssize_t i) {
+    for (;;) {
+        Py_ssize_t low = i, left = 2 * i + 1, right = left + 1;
+        if (left < size && above(&heap[low], &heap[left])) low = left;
+        if (right < size && above(&heap[low], &heap[right])) low = right;
+        if (low == i) return;
+        Candidate t = heap[i];
+        heap[i] = heap[low];
+        heap[low] = t;
+        i = low;
+    }
+}
+
+static void sift_up(Candidate *heap, Py_ssize_t i) {
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!above(&heap[parent], &heap[i])) return;
+        Candidate t = heap[i];
+        heap[i] = heap[parent];
+        heap[parent] = t;
+        i = parent;
+    }
+}
+
+#define BLOCK 64
+typedef float f4 __attribute__((vector_size(16)));
+typedef int32_t i4 __attribute__((vector_size(16)));
+
+/* the largest of BLOCK logits, NaN ignored (a NaN compares false, so it never replaces) */
+static float block_max(const float *x) {
+    f4 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, v;
+    for (int j = 0; j < BLOCK; j += 4) {
+        memcpy(&v, x + j, sizeof v);
+        i4 gt = v > m;
+        m = (f4)(((i4)v & gt) | ((i4)m & ~gt));
+    }
+    float best = m[0];
+    for (int j = 1; j < 4; j++) best = m[j] > best ? m[j] : best;
+    return best;
+}
+
+static Py_ssize_t top(const float *row, Py_ssize_t n, Py_ssize_t k, Candidate *out) {
+    Py_ssize_t size = 0;
+    float bar = -INFINITY; /* a logit must be above it to enter: the lowest kept once full */
+    if (k <= 0) return 0;
+    for (Py_ssize_t start = 0; start < n; start += BLOCK) {
+        Py_ssize_t end = start + BLOCK < n ? start + BLOCK : n;
+        if (end - start == BLOCK && !(block_max(row + start) > bar)) continue;
+        for (Py_ssize_t i = start; i < end; i++) {
+            float v = row[i];
+            if (!(v > bar)) continue; /* also -inf and NaN */
+            if (size < k) {
+                out[size].id = (int32_t)i;
+                out[size].logit = v;
+                out[size].p = 0.0f;
+                sift_up(out, size++);
+                if (size == k) bar = out[0].logit;
+            } else { /* above the lowest kept: an equal logit's earlier id stays */
+                out[0].id = (int32_t)i;
+                out[0].logit = v;
+                sift_down(out, k, 0);
+                bar = out[0].logit;
+            }
+        }
+    }
+    for (Py_ssize_t last = size - 1; last > 0; last--) { /* heap sort: best first */
+        Candidate t = out[0];
+        out[0] = out[last];
+        out[last] = t;
+        sift_down(out, last, 0);
+    }
+    return size;
+}
+
+static PyObject *best(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "best(row, k, out) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (k < 0 || k > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "best: k out of range");
+        return NULL;
+    }
+    Py_buffer row, out;
+    if (PyObject_GetBuffer(args[0], &row, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+        PyBuffer_Release(&row);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (row.len % (Py_ssize_t)sizeof(float) != 0 || row.len / (Py_ssize_t)sizeof(float) > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "best: row is not a float32 buffer");
+    } else if (out.len < k * (Py_ssize_t)sizeof(Candidate)) {
+        PyErr_SetString(PyExc_ValueError, "best: out holds fewer than k candidates");
+    } else {
+        result = PyLong_FromSsize_t(top((const float *)row.buf, row.len / (Py_ssize_t)sizeof(float), k,
+                                        (Candidate *)out.buf));
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&row);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"best", (PyCFunction)(void (*)(void))best, METH_FASTCALL,
+     "best(row, k, out) -> count: the k best float32 logits of row as {int32 id, float32 logit, "
+     "float32 p = 0} records in out, by logit descending, equal logits by id; -inf and NaN never "
+     "enter."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_best",
+    .m_doc = "The k best logits of a row (see best.c).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__best(void) { return PyModule_Create(&module); }
