@@ -4,7 +4,7 @@
    weights have streamed through the caches): NumPy's top pass over a 49k row, about a dozen
    calls, took ~150 us there, and ~210 us over gemma3's 262k. This pass reads the row once
    (the maximum of each block of 64 logits with 4-wide vector compares; a block whose maximum
-   cannot enter is skipped) and keeps the k best in a heap: ~45 us and ~140 us in the same
+   cannot enter is skipped) and keeps the k best in a heap: ~32 us and ~78 us in the same
    place (bench/README.md, "The fifth pass").
 
    best(row, k, out) -> count
@@ -62,16 +62,32 @@ static void sift_up(Candidate *heap, Py_ssize_t i) {
 typedef float f4 __attribute__((vector_size(16)));
 typedef int32_t i4 __attribute__((vector_size(16)));
 
-/* the largest of BLOCK logits, NaN ignored (a NaN compares false, so it never replaces) */
+/* lane by lane, v where it is above m, else m (a NaN in v compares false: m stays) */
+static inline f4 larger(f4 m, f4 v) {
+    i4 gt = v > m;
+    return (f4)(((i4)v & gt) | ((i4)m & ~gt));
+}
+
+static inline f4 load(const float *x) {
+    f4 v;
+    memcpy(&v, x, sizeof v);
+    return v;
+}
+
+/* the largest of BLOCK logits, NaN ignored; four running maxima, so that the compares do not
+   wait on each other */
 static float block_max(const float *x) {
-    f4 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, v;
-    for (int j = 0; j < BLOCK; j += 4) {
-        memcpy(&v, x + j, sizeof v);
-        i4 gt = v > m;
-        m = (f4)(((i4)v & gt) | ((i4)m & ~gt));
+    const f4 none = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    f4 a = none, b = none, c = none, d = none;
+    for (int j = 0; j < BLOCK; j += 16) {
+        a = larger(a, load(x + j));
+        b = larger(b, load(x + j + 4));
+        c = larger(c, load(x + j + 8));
+        d = larger(d, load(x + j + 12));
     }
-    float best = m[0];
-    for (int j = 1; j < 4; j++) best = m[j] > best ? m[j] : best;
+    a = larger(larger(a, b), larger(c, d));
+    float best = a[0];
+    for (int j = 1; j < 4; j++) best = a[j] > best ? a[j] : best;
     return best;
 }
 
