@@ -1,4 +1,4 @@
-"""The decode graph's top-k (``runner.model.model.graph_top``), split in how many parts.
+"""The decode graph's top-k as it was (:func:`graph_top`, here since the runner dropped it), split in how many parts.
 
     python bench/bench_topk.py [--threads 2] [--widths 49152,262144] [--runs 5] [--iters 200]
 
@@ -25,10 +25,32 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.ml.backend import BackendOptions  # noqa: E402
-from runner.ml.ggml.backend import GGMLBackend  # noqa: E402
-from runner.model.model import TOP_CANDIDATES, graph_top  # noqa: E402
+from runner.ml.ggml.backend import GGMLBackend, GGMLTensor  # noqa: E402
+from runner.model.model import TOP_CANDIDATES  # noqa: E402
 
 PARTS = (1, 2, 4, 16, 64)
+
+
+def graph_top(logits: GGMLTensor, parts: int) -> tuple[GGMLTensor, GGMLTensor]:
+    """The TOP_CANDIDATES best of each row of ``logits`` (f32 ``[width, rows]``, contiguous):
+    their ids (i32) and logits, each ``[1, K, rows]``, sorted by logit, descending (ties in no
+    particular order). GGML's top_k works a row on one thread: each row is split in ``parts``
+    (dividing ``width``), whose K best hold the row's K best, and a second top_k picks those
+    from the parts' K * parts. (The decode graph ended this way until 2026-11-24's fifth pass;
+    the sampler now picks them in C, ``runner/sample/best.c``.)"""
+    width, rows = logits.dim(0), logits.dim(1)
+    k = TOP_CANDIDATES
+    part = width // parts
+    ids = logits.reshape(part, parts * rows).top_k(k)  # [k, parts*rows], in no order
+    vals = logits.reshape(1, part, parts * rows).rows(ids)  # [1, k, parts*rows]
+    if parts > 1:
+        first = np.tile(np.arange(parts, dtype=np.float32) * part, rows)[:, None]  # each part's first id
+        ids = ids.cast("f32").add(logits.ctx.input("top.first", first))  # row ids, exact below 2**24
+        best = vals.reshape(k * parts, rows).top_k(k)  # [k, rows]
+        vals = vals.reshape(1, k * parts, rows).rows(best)
+        ids = ids.reshape(1, k * parts, rows).rows(best).cast("i32")
+    order = vals.reshape(k, rows).argsort_desc()
+    return ids.reshape(1, k, rows).rows(order), vals.rows(order)
 
 
 def timed(backend: GGMLBackend, row: np.ndarray, parts: int | None, iters: int) -> float:

@@ -546,22 +546,23 @@ def test_wrapped_cache_gets_the_backend_layout_and_reuses_graphs() -> None:
         plain.close()
 
 
-# ------------------------------------------------------------------ the graph's top-k for the sampler
-def test_graph_top_candidates_are_each_rows_largest_logits() -> None:
-    """A decode graph also picks each output row's TOP_CANDIDATES largest logits (GGML's
-    top_k), sorted descending, for the sampler: the same set as sorting the whole row, on a two-row batch and on the single-row
-    decode steps after it. The whole rows are read on demand; reading them once the model
-    computed another batch is refused (the compute buffer is the next graph's)."""
+# ------------------------------------------------------------------ each row's best for the sampler
+def test_top_candidates_are_each_rows_largest_logits() -> None:
+    """The sampler reads each output row's TOP_CANDIDATES largest logits (:meth:`Outputs.top`,
+    picked in place by ``best.c``): a stable descending sort of the whole row cut to K, on a
+    two-row batch and on the single-row decode steps after it. The whole rows are read on
+    demand; reading either once the model computed another batch is refused (the compute
+    buffer is the next graph's)."""
     model = load(str(SMOLLM2), BackendOptions(num_threads=THREADS))
     try:
-        check_graph_top(model, [1, 504, 2760, 346], [1, 198, 1090])
+        check_top_candidates(model, [1, 504, 2760, 346], [1, 198, 1090])
     finally:
         model.close()
 
 
-def check_graph_top(model: Model, a: list[int], b: list[int]) -> None:
-    """The checks of :func:`test_graph_top_candidates_are_each_rows_largest_logits` on
-    ``model`` (also run on gemma3's 262k vocabulary), for prompts ``a`` and ``b``."""
+def check_top_candidates(model: Model, a: list[int], b: list[int]) -> None:
+    """The checks of :func:`test_top_candidates_are_each_rows_largest_logits` on ``model``
+    (also run on gemma3's 262k vocabulary), for prompts ``a`` and ``b``."""
     from runner.model.model import TOP_CANDIDATES
 
     model.init_cache(512, num_parallel=2, num_batch=64)
@@ -569,16 +570,13 @@ def check_graph_top(model: Model, a: list[int], b: list[int]) -> None:
                   [len(a) - 1, len(a) + len(b) - 1])
     out = model.execute(model.prepare(batch), np.asarray(batch.tokens, dtype=np.int32))
     for step in range(4):
-        assert out.top_ids is not None and out.top_logits is not None
-        ids, vals = out.top_ids.copy(), out.top_logits.copy()
+        picked = [out.top(r) for r in range(len(batch.outputs) if step == 0 else 1)]
         full = out.logits()
-        assert ids.shape == (len(batch.outputs) if step == 0 else 1, TOP_CANDIDATES)
-        for r in range(ids.shape[0]):
-            want = np.sort(np.argsort(-full[r], kind="stable")[:TOP_CANDIDATES])
-            assert np.array_equal(np.sort(ids[r]), want)
-            np.testing.assert_array_equal(vals[r], full[r][ids[r]])
-            assert np.all(np.diff(vals[r]) <= 0)  # sorted by logit, descending
-            assert out.top(r) == (ids[r].tolist(), vals[r].tolist())  # the sampler's lists
+        assert full.shape[0] == len(picked)
+        for r, top in enumerate(picked):
+            assert top is not None
+            want = np.argsort(-full[r], kind="stable")[:TOP_CANDIDATES]
+            assert top == (want.tolist(), full[r][want].tolist())
         token = int(np.argmax(full[0]))
         out = model.execute(model.prepare(Batch([token], [len(a) + step], [0], [0])),
                             np.asarray([token], np.int32))
@@ -586,13 +584,5 @@ def check_graph_top(model: Model, a: list[int], b: list[int]) -> None:
     model.execute(model.prepare(Batch([1], [len(a) + 4], [0], [0])), np.asarray([1], np.int32))
     with pytest.raises(RuntimeError):
         stale.logits()
-
-
-def test_the_graph_top_k_splits_a_row_in_one_part_per_thread() -> None:
-    """GGML's top_k works a row on one thread: the decode graph splits each row in a power of
-    two of parts up to the threads, each at least 8 x TOP_CANDIDATES wide."""
-    from runner.model.model import _top_parts
-
-    assert _top_parts(49152, 2) == 2 and _top_parts(262144, 2) == 2 and _top_parts(262144, 16) == 16
-    assert _top_parts(151936, 4) == 4 and _top_parts(32000, 3) == 2 and _top_parts(49152, 1) == 1
-    assert _top_parts(1000, 2) == 1 and _top_parts(49153, 2) == 1  # too narrow, odd width
+    with pytest.raises(RuntimeError):
+        stale.top(0)

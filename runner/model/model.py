@@ -26,16 +26,17 @@ from runner.kvcache.cache import Cache, KvCacheError, LayerShape
 from runner.kvcache.causal import CausalCache
 from runner.ml.ggml.backend import GGMLBackend, GGMLTensor, GraphContext
 from runner.model.gguf_weights import GGUFFile, Weights
+from runner.sample._best import best_lists
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Batch", "BatchInputs", "ForwardStats", "Model", "ModelLoadError", "Outputs", "Prepared", "TOP_CANDIDATES"]
 
-#: Each output row's largest logits the graph picks for the sampler (GGML's top_k): the k + P
-#: best hold the k best after penalties that lower logits (runner.sample), so top_k 40 with 64
-#: penalised tokens is decided from these without reading the whole row.
+#: Each output row's largest logits picked for the sampler (:meth:`Outputs.top`): the k + P best
+#: hold the k best after penalties that lower logits (runner.sample), so top_k 40 with 64
+#: penalised tokens is decided from these without reading the whole row into NumPy.
 TOP_CANDIDATES = 128
-_TOP_ROWS = 64  # a batch with more output rows (all logits of a prompt) skips them
+_TOP_ROWS = 64  # a batch with more output rows (all logits of a prompt) is read whole
 
 
 class ModelLoadError(RuntimeError):
@@ -122,85 +123,63 @@ class _Graph:
     ctx: GraphContext
     logits: GGMLTensor
     out: np.ndarray
-    # each output row's TOP_CANDIDATES best logits, sorted descending: ids (i32 [1, K, n_outputs])
-    # and their logits (f32 [1, K, n_outputs]), read into top_ids / top_logits (n_outputs, K);
-    # None: no top-k
-    top: tuple[GGMLTensor, GGMLTensor] | None = None
-    top_ids: np.ndarray | None = None
-    top_logits: np.ndarray | None = None
-    read: Callable[[], None] | None = None  # copies what execute() reads (top or logits)
+    # True: the sampler picks each row's best from the logits where GGML left them
+    # (Outputs.top); False: execute() copies the whole logits into ``out`` (read)
+    picks: bool = False
+    read: Callable[[], None] | None = None
+    width: int = 0
+    _rows: memoryview | None = None  # the logits in place, as the graph's placement _rows_at put them
+    _rows_at: int = 0
 
     @property
     def outputs(self) -> tuple[GGMLTensor, ...]:
-        return (self.logits,) if self.top is None else (self.logits, *self.top)
+        return (self.logits,)
 
-
-def graph_top(logits: GGMLTensor, parts: int) -> tuple[GGMLTensor, GGMLTensor]:
-    """The TOP_CANDIDATES best of each row of ``logits`` (f32 ``[width, rows]``, contiguous):
-    their ids (i32) and logits, each ``[1, K, rows]``, sorted by logit, descending (ties in no
-    particular order). GGML's top_k works a row on one thread: each row is split in ``parts``
-    (dividing ``width``), whose K best hold the row's K best, and a second top_k picks those
-    from the parts' K * parts. (Many small parts cost more: each keeps its own heap of K.)"""
-    width, rows = logits.dim(0), logits.dim(1)
-    k = TOP_CANDIDATES
-    part = width // parts
-    ids = logits.reshape(part, parts * rows).top_k(k)  # [k, parts*rows], in no order
-    vals = logits.reshape(1, part, parts * rows).rows(ids)  # [1, k, parts*rows]
-    if parts > 1:
-        first = np.tile(np.arange(parts, dtype=np.float32) * part, rows)[:, None]  # each part's first id
-        ids = ids.cast("f32").add(logits.ctx.input("top.first", first))  # row ids, exact below 2**24
-        best = vals.reshape(k * parts, rows).top_k(k)  # [k, rows]
-        vals = vals.reshape(1, k * parts, rows).rows(best)
-        ids = ids.reshape(1, k * parts, rows).rows(best).cast("i32")
-    order = vals.reshape(k, rows).argsort_desc()  # the sampler reads them sorted
-    return ids.reshape(1, k, rows).rows(order), vals.rows(order)
-
-
-def _top_parts(width: int, threads: int) -> int:
-    """In how many equal parts the decode graph's top_k splits a row of ``width`` logits: a
-    power of two up to the compute threads, each part at least 8 x TOP_CANDIDATES wide
-    (``bench/bench_topk.py``: 64 parts cost 5x one part)."""
-    parts = 1
-    while 2 * parts <= threads and width % (2 * parts) == 0 and width // (2 * parts) >= 8 * TOP_CANDIDATES:
-        parts *= 2
-    return parts
+    def rows(self) -> memoryview:
+        """The computed logits in place (flat f32), re-made when the allocator moved them."""
+        at = self.ctx.placement
+        if at != self._rows_at or self._rows is None:
+            self._rows, self._rows_at = self.logits.host_floats(), at
+        return self._rows
 
 
 class Outputs:
-    """What :meth:`Model.execute` computed: every output row's best logits (:attr:`top_ids`,
-    :attr:`top_logits`, ``(n_outputs, K)``, each row sorted by logit, descending, ties in no
-    particular order; None when the graph has none), and the whole rows on demand
-    (:meth:`logits`, copied out of GGML on the first call).
+    """What :meth:`Model.execute` computed: every output row's best logits (:meth:`top`, picked
+    on demand) and the whole rows (:meth:`logits`, copied out of GGML on the first call).
     Valid until the model computes again: the arrays are reused, and the compute buffer the
-    rows are read from belongs to the next graph then (:meth:`logits` raises)."""
+    rows are read from belongs to the next graph then (both raise)."""
 
-    __slots__ = ("_model", "_graph", "_epoch", "_read", "_top", "top_ids", "top_logits")
+    __slots__ = ("_model", "_graph", "_epoch", "_read")
 
     def __init__(self, model: Model, graph: _Graph, epoch: int, read: bool) -> None:
         self._model, self._graph, self._epoch, self._read = model, graph, epoch, read
-        self._top: tuple[list[list[int]], list[list[float]]] | None = None
-        self.top_ids: np.ndarray | None = graph.top_ids
-        self.top_logits: np.ndarray | None = graph.top_logits
 
     def top(self, row: int) -> tuple[list[int], list[float]] | None:
-        """Row ``row`` of :attr:`top_ids` and :attr:`top_logits` as Python lists (what the
-        sampler reads; both arrays are converted once a batch), None when the graph has none."""
-        if self._top is None:
-            if self.top_ids is None or self.top_logits is None:
-                return None
-            self._top = (self.top_ids.tolist(), self.top_logits.tolist())
-        return self._top[0][row], self._top[1][row]
+        """Row ``row``'s TOP_CANDIDATES best logits as lists (ids, logits), by logit descending,
+        equal logits by id; -inf and NaN left out. One pass of C over the row where GGML left
+        it (``runner/sample/best.c``: ~30 us on 49k logits right after a decode, where GGML's
+        top_k in the graph cost ~64 us of compute plus the readout). None when the graph is
+        read whole instead (embeddings, many output rows)."""
+        graph = self._graph
+        if not graph.picks:
+            return None
+        self._check()
+        width = graph.width
+        return best_lists(graph.rows()[row * width:(row + 1) * width], TOP_CANDIDATES)
 
     def logits(self) -> np.ndarray:
         """float32 ``(n_outputs, n_vocab)`` (or ``n_embd`` for embeddings)."""
         if not self._read:
-            if self._model._epoch != self._epoch:
-                raise RuntimeError("logits of a batch read after the model computed another one")
+            self._check()
             t0 = time.perf_counter_ns()
             self._graph.logits.read_into(self._graph.out)
             self._model.stats.read_ns += time.perf_counter_ns() - t0
             self._read = True
         return self._graph.out
+
+    def _check(self) -> None:
+        if self._model._epoch != self._epoch:
+            raise RuntimeError("logits of a batch read after the model computed another one")
 
 
 @dataclass(frozen=True)
@@ -299,9 +278,7 @@ class Model:
             cache.start_forward(None, batch, reserve=True)
             ctx = self.backend.new_context()
             try:
-                logits = self.forward(ctx, self._inputs(ctx, batch))
-                top = self._top(logits, batch)
-                size = ctx.reserve(logits, *(top or ()))
+                size = ctx.reserve(self.forward(ctx, self._inputs(ctx, batch)))
             finally:
                 ctx.close()
         except (MemoryError, KvCacheError) as e:
@@ -380,8 +357,8 @@ class Model:
 
     def execute(self, prepared: Prepared, tokens: np.ndarray, started: threading.Event | None = None) -> Outputs:
         """:meth:`compute`'s second half: set the token ids (int32 ``[n_tokens]``), compute, and
-        return the :class:`Outputs` (each row's best logits read now when the graph picks them,
-        else the whole rows). ``started`` is set once the inputs are uploaded (the next
+        return the :class:`Outputs` (the whole rows read now unless the sampler picks each row's
+        best in place). ``started`` is set once the inputs are uploaded (the next
         :meth:`prepare` may begin). A batch of given embeddings has no token ids to set."""
         graph = prepared.graph
         t2 = time.perf_counter_ns()
@@ -389,24 +366,21 @@ class Model:
         graph.ctx.compute(*graph.outputs, started=started)
         self._epoch += 1
         t3 = time.perf_counter_ns()
-        out = Outputs(self, graph, self._epoch, read=graph.top is None)
-        assert graph.read is not None
-        graph.read()  # the top candidates, or the whole [n_vocab, n_outputs] f32 into the reused array
+        out = Outputs(self, graph, self._epoch, read=not graph.picks)
+        if graph.read is not None:
+            graph.read()  # the whole [n_vocab, n_outputs] f32 into the reused array
         t4 = time.perf_counter_ns()
         self.stats.calls += 1
         self.stats.compute_ns += t3 - t2
         self.stats.read_ns += t4 - t3
         return out
 
-    def _top(self, logits: GGMLTensor, batch: Batch) -> tuple[GGMLTensor, GGMLTensor] | None:
-        """The graph's top-k of each output row's logits (ids, their logits), sorted by logit,
-        descending (ties in no particular order), for the sampler; None for embeddings, a small
-        vocabulary, or many output rows."""
+    @staticmethod
+    def _picks(logits: GGMLTensor, batch: Batch) -> bool:
+        """Whether the sampler picks each output row's best logits in place (:meth:`Outputs.top`)
+        rather than reading them all: not for embeddings, a small vocabulary, many output rows."""
         width, rows = logits.dim(0), logits.dim(1)
-        k = TOP_CANDIDATES
-        if batch.embeddings or width <= k or rows > _TOP_ROWS or not logits.is_contiguous():
-            return None
-        return graph_top(logits, _top_parts(width, self.backend.num_threads))
+        return not batch.embeddings and width > TOP_CANDIDATES and rows <= _TOP_ROWS and logits.is_contiguous()
 
     def _build(self, batch: Batch, key: Hashable) -> _Graph:
         ctx = self.backend.new_context()
@@ -415,20 +389,9 @@ class Model:
         if logits.dim(0) != width or logits.dim(1) != len(batch.outputs):
             ctx.close()
             raise RuntimeError(f"forward returned {logits.shape}, expected [{width}, {len(batch.outputs)}]")
-        graph = _Graph(ctx, logits, np.empty((len(batch.outputs), width), dtype=np.float32))
-        graph.top = self._top(logits, batch)
-        if graph.top is None:
-            graph.read = logits.reader(graph.out)
-        else:
-            graph.top_ids = np.empty((len(batch.outputs), TOP_CANDIDATES), dtype=np.int32)
-            graph.top_logits = np.empty((len(batch.outputs), TOP_CANDIDATES), dtype=np.float32)
-            ids, logits_of_ids = graph.top[0].reader(graph.top_ids), graph.top[1].reader(graph.top_logits)
-
-            def read_top() -> None:
-                ids()
-                logits_of_ids()
-
-            graph.read = read_top
+        graph = _Graph(ctx, logits, np.empty((len(batch.outputs), width), dtype=np.float32), width=width)
+        graph.picks = self._picks(logits, batch)
+        graph.read = None if graph.picks else logits.reader(graph.out)
         self._graphs[key] = graph
         while len(self._graphs) > self.max_graphs:
             _, old = self._graphs.popitem(last=False)

@@ -8,12 +8,16 @@
    place (bench/README.md, "The fifth pass").
 
    best(row, k, out) -> count
-     row: a C-contiguous buffer of float32 logits (a NumPy array, a ctypes float array).
+     row: a C-contiguous buffer of float32 logits (a NumPy array, a ctypes float array, a
+          memoryview of either).
      out: a writable buffer of at least k records {int32 id; float32 logit; float32 p}, the
           layout of llama.cpp's llama_token_data.
      Writes the k best (fewer when fewer are finite-or-+inf: -inf and NaN never enter) sorted
      by logit, descending, equal logits by id, ascending (a stable sort's order), with p = 0,
-     and returns how many. */
+     and returns how many. (The old engine's llama.cpp chain reads them there.)
+
+   best_lists(row, k) -> (ids, logits)
+     The same k best as two Python lists, int and float (what the new engine's sampler reads). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -156,11 +160,62 @@ static PyObject *best(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
+static PyObject *best_lists(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "best_lists(row, k) takes 2 arguments");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (k < 0 || k > 1 << 20) {
+        PyErr_SetString(PyExc_ValueError, "best_lists: k out of range");
+        return NULL;
+    }
+    Py_buffer row;
+    if (PyObject_GetBuffer(args[0], &row, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    PyObject *result = NULL, *ids = NULL, *logits = NULL;
+    Candidate *heap = NULL;
+    if (row.len % (Py_ssize_t)sizeof(float) != 0 || row.len / (Py_ssize_t)sizeof(float) > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "best_lists: row is not a float32 buffer");
+        goto done;
+    }
+    heap = PyMem_Malloc((size_t)(k > 0 ? k : 1) * sizeof(Candidate));
+    if (heap == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t count = top((const float *)row.buf, row.len / (Py_ssize_t)sizeof(float), k, heap);
+    ids = PyList_New(count);
+    logits = PyList_New(count);
+    if (ids == NULL || logits == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *id = PyLong_FromLong(heap[i].id), *logit = PyFloat_FromDouble(heap[i].logit);
+        if (id == NULL || logit == NULL) {
+            Py_XDECREF(id);
+            Py_XDECREF(logit);
+            goto done;
+        }
+        PyList_SET_ITEM(ids, i, id);
+        PyList_SET_ITEM(logits, i, logit);
+    }
+    result = PyTuple_Pack(2, ids, logits);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(logits);
+    PyMem_Free(heap);
+    PyBuffer_Release(&row);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"best", (PyCFunction)(void (*)(void))best, METH_FASTCALL,
      "best(row, k, out) -> count: the k best float32 logits of row as {int32 id, float32 logit, "
      "float32 p = 0} records in out, by logit descending, equal logits by id; -inf and NaN never "
      "enter."},
+    {"best_lists", (PyCFunction)(void (*)(void))best_lists, METH_FASTCALL,
+     "best_lists(row, k) -> (ids, logits): the k best float32 logits of row as two lists, by "
+     "logit descending, equal logits by id; -inf and NaN never enter."},
     {NULL, NULL, 0, NULL},
 };
 

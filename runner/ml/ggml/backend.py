@@ -394,6 +394,17 @@ class GGMLTensor:
         g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
         return out.astype(np.float32) if np_type is np.float16 else out
 
+    def host_floats(self) -> memoryview:
+        """The computed f32 data where it lies, as a flat memoryview (no copy): the CPU backend's
+        buffers are host memory. Valid while the graph's placement stands
+        (:attr:`GraphContext.placement`) and until the next compute overwrites it."""
+        s = self._s
+        if s.type != g.GGML_TYPE.F32 or not g.ggml_is_contiguous(self.ptr):
+            raise ValueError(f"host_floats of {self!r}: a contiguous f32 tensor only")
+        if not s.data:
+            raise RuntimeError(f"tensor {self!r} has no data (graph not computed?)")
+        return memoryview((ctypes.c_float * (self.nbytes // 4)).from_address(s.data)).cast("B").cast("f")
+
     def reader(self, out: np.ndarray) -> Callable[[], None]:
         """:meth:`read_into` ``out`` as a call with its arguments fixed once (for an array that
         is read after every compute)."""
@@ -446,6 +457,7 @@ class GraphContext:
         self._inputs: dict[str, _Input] = {}
         self._outputs: set[int] = set()  # tensors already marked as outputs and expanded into the graph
         self.version = 0  # counts the graph's expansions: the allocator places a graph again when it grew
+        self.placement = 0  # the allocator's placement its tensors have now (a new one: they moved)
         self._closed = False
 
     # --- inputs ---------------------------------------------------------------------------------
@@ -638,6 +650,7 @@ class GGMLBackend:
         # now: computing it again unchanged (a decode step reusing its graph) needs no new
         # allocation, as in llama.cpp's graph reuse
         self._allocated: tuple[GraphContext, int] | None = None  # (graph, its version) last placed
+        self._placements = 0
         self._lock = threading.Lock()
         self._closed = False
         log.debug("GGML CPU backend: %d threads, flash attention %s", self.num_threads, self.flash_attention)
@@ -699,6 +712,8 @@ class GGMLBackend:
                 if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
                     raise MemoryError("cannot allocate the compute graph")
                 self._allocated = placed
+                self._placements += 1
+                ctx.placement = self._placements
             ctx._upload_inputs()
             if started is not None:
                 started.set()
