@@ -358,13 +358,11 @@ def test_top_k_path_draws_what_the_general_path_draws(repeat: float, freq: float
         assert fast._few_k == top_k
 
 
-def _graph_top(logits: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """What a decode graph gives: the k largest logits' ids sorted by logit, descending, equal
-    logits in no particular order, and their logits."""
-    ids = np.argpartition(-logits, k)[:k]
-    ids = ids[rng.permutation(k)].astype(np.int32)
-    ids = ids[np.argsort(-logits[ids], kind="stable")]  # ties keep the shuffled order
-    return ids, logits[ids]
+def _best(logits: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+    """What the new engine gives the sampler: ``best.c``'s k best, a stable sort's prefix."""
+    from runner.sample._best import best_lists
+
+    return best_lists(logits, k)
 
 
 @pytest.mark.parametrize("o,from_top", [
@@ -378,21 +376,20 @@ def _graph_top(logits: np.ndarray, k: int, rng: np.random.Generator) -> tuple[np
     (opts(temperature=0.8, top_k=40, repeat_penalty=0.9), False),  # a penalty that raises logits
 ])
 def test_sample_top_draws_what_the_whole_row_draws(o: SamplerOptions, from_top: bool) -> None:
-    """A graph's 128 best logits decide greedy and top_k sampling alone (the k + P best are
+    """A row's 128 best logits decide greedy and top_k sampling alone (the k + P best are
     among them); other options read the whole row. Same seed, same tokens either way."""
-    rng = np.random.default_rng(5)
     fast, full = Sampler(dataclasses.replace(o, seed=9)), Sampler(dataclasses.replace(o, seed=9))
     reads = 0
     for step in range(40):
         logits = vocab_logits(49152, "peaked", seed=step)
-        ids, vals = _graph_top(logits, 128, rng)
+        ids, vals = _best(logits, 128)
 
         def row() -> np.ndarray:
             nonlocal reads
             reads += 1
             return logits
 
-        got = fast.sample_top(ids.tolist(), vals.tolist(), row)
+        got = fast.sample_top(ids, vals, row)
         assert got == full.sample(logits)
         fast.accept(got)
         full.accept(got)
@@ -400,40 +397,48 @@ def test_sample_top_draws_what_the_whole_row_draws(o: SamplerOptions, from_top: 
 
 
 def test_sample_top_orders_equal_logits_by_id_without_reading_the_row() -> None:
-    """Equal logits among the best come from the graph in any order; the stable order (by id,
-    as NumPy's stable sort and argmax give it) is restored from the candidates alone."""
-    rng = np.random.default_rng(8)
+    """Equal logits among the best, at the top, inside and at the edge of the k + P: the
+    candidates' stable order (by id, as NumPy's stable sort and argmax give it) decides the same
+    token as the whole row, which is not read; a row of equal logits too."""
     for o in (opts(temperature=0.0, repeat_penalty=1.0), opts(temperature=0.0, repeat_penalty=1.2),
               opts(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1)):
         fast, full = Sampler(dataclasses.replace(o, seed=4)), Sampler(dataclasses.replace(o, seed=4))
         for step in range(30):
             logits = vocab_logits(49152, "peaked", seed=100 + step)
             best = np.argsort(-logits, kind="stable")[:60]
-            for a, b in ((0, 1), (5, 9), (30, 31)):  # ties at the top, inside, and near k
+            for a, b in ((0, 1), (5, 9), (30, 31), (39, 40)):  # ties at the top, inside, and at k
                 logits[best[b]] = logits[best[a]]
-            ids, vals = _graph_top(logits, 128, rng)
+            ids, vals = _best(logits, 128)
             reads = []
-            got = fast.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or logits)
+            got = fast.sample_top(ids, vals, lambda: reads.append(1) or logits)
             assert got == full.sample(logits) and not reads
             fast.accept(got)
             full.accept(got)
-
-
-def test_sample_top_reads_the_row_at_a_tie_on_the_edge_or_nan() -> None:
-    rng = np.random.default_rng(6)
     s = Sampler(opts(temperature=0.0, repeat_penalty=1.0))
-    flat = np.zeros(1000, dtype=np.float32)  # every logit tied: which 128 a graph keeps is arbitrary
-    ids, vals = _graph_top(flat, 128, rng)
+    flat = np.zeros(1000, dtype=np.float32)
     reads = []
-    assert s.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or flat) == 0  # the lowest id, as argmax
-    assert reads == [1]
+    assert s.sample_top(*_best(flat, 128), lambda: reads.append(1) or flat) == 0  # the lowest id, as argmax
+    assert reads == []
+
+
+def test_sample_top_reads_the_row_when_infinity_or_nan_is_among_the_best() -> None:
+    """+inf among the candidates: the whole row is read and decides as ``sample`` does (greedy
+    takes the +inf, a draw refuses it). A NaN anywhere in the row: ``best.c`` refuses it."""
+    from runner.sample._best import best_lists
+
     bad = vocab_logits(49152, "peaked", seed=1)
-    ids, vals = _graph_top(bad, 128, rng)
-    vals = vals.copy()
-    vals[3] = np.nan
-    reads = []
-    s.sample_top(ids.tolist(), vals.tolist(), lambda: reads.append(1) or bad)
-    assert reads == [1]
+    bad[7] = np.inf
+    for o, want in ((opts(temperature=0.0, repeat_penalty=1.1), 7), (opts(temperature=0.8, top_k=40), None)):
+        s, reads = Sampler(o), []
+        if want is None:
+            with pytest.raises(ValueError, match="NaN, \\+inf"):
+                s.sample_top(*_best(bad, 128), lambda: reads.append(1) or bad)
+        else:
+            assert s.sample_top(*_best(bad, 128), lambda: reads.append(1) or bad) == want
+        assert reads == [1]
+    bad[7] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        best_lists(bad, 128)
 
 
 def test_float32_penalty_arithmetic_without_numpy_equals_numpy() -> None:
@@ -499,8 +504,9 @@ def test_old_engine_top_k_feed_penalises_in_place_and_restores_the_row() -> None
 
 def test_best_is_a_stable_sort_of_the_row_cut_to_k() -> None:
     """``best.c``: the k best of a row in llama_token_data records, equal to a stable descending
-    sort cut to k, -inf and NaN left out (as ``top_ids_values`` leaves them), p = 0; on rows
-    with many ties, infinities, NaN, a partial last block of 64, k of 0 and k above the row."""
+    sort cut to k, -inf left out (as ``top_ids_values`` leaves it), p = 0; on rows with many
+    ties, infinities, a partial last block of 64, k of 0 and k above the row. A NaN anywhere
+    (in a skipped block, a scanned one, the partial last one) raises, as the samplers do."""
     import ctypes
 
     from runner.sample._best import best
@@ -524,9 +530,12 @@ def test_best_is_a_stable_sort_of_the_row_cut_to_k() -> None:
             row[rng.integers(0, n)] = np.inf
         k = int(rng.integers(0, 300))
         view["p"] = 1.0
+        if k and np.isnan(row).any():
+            with pytest.raises(ValueError, match="NaN"):
+                best(row, k, out)
+            continue
         count = best(row, k, out)
-        clean = np.where(np.isnan(row), -np.inf, row)
-        want = [int(i) for i in np.argsort(-clean, kind="stable") if clean[i] > -np.inf][:k]
+        want = [int(i) for i in np.argsort(-row, kind="stable") if row[i] > -np.inf][:k]
         assert view["id"][:count].tolist() == want, (trial, n, k)
         assert view["logit"][:count].tolist() == row[want].tolist()
         assert not view["p"][:count].any()

@@ -12,9 +12,10 @@
           memoryview of either).
      out: a writable buffer of at least k records {int32 id; float32 logit; float32 p}, the
           layout of llama.cpp's llama_token_data.
-     Writes the k best (fewer when fewer are finite-or-+inf: -inf and NaN never enter) sorted
-     by logit, descending, equal logits by id, ascending (a stable sort's order), with p = 0,
-     and returns how many. (The old engine's llama.cpp chain reads them there.)
+     Writes the k best (fewer when fewer are above -inf) sorted by logit, descending, equal
+     logits by id, ascending (a stable sort's order: the first k of NumPy's stable argsort of
+     the negated row), with p = 0, and returns how many. (The old engine's llama.cpp chain
+     reads them there.) A row holding a NaN raises ValueError, as the samplers do (k > 0).
 
    best_lists(row, k) -> (ids, logits)
      The same k best as two Python lists, int and float (what the new engine's sampler reads). */
@@ -78,30 +79,41 @@ static inline f4 load(const float *x) {
     return v;
 }
 
-/* the largest of BLOCK logits, NaN ignored; four running maxima, so that the compares do not
-   wait on each other */
-static float block_max(const float *x) {
+/* the largest of BLOCK logits, NaN ignored (lanes holding a NaN are set in *nan); four running
+   maxima, so that the compares do not wait on each other */
+static float block_max(const float *x, i4 *nan) {
     const f4 none = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
     f4 a = none, b = none, c = none, d = none;
+    i4 unordered = {0, 0, 0, 0};
     for (int j = 0; j < BLOCK; j += 16) {
-        a = larger(a, load(x + j));
-        b = larger(b, load(x + j + 4));
-        c = larger(c, load(x + j + 8));
-        d = larger(d, load(x + j + 12));
+        f4 va = load(x + j), vb = load(x + j + 4), vc = load(x + j + 8), vd = load(x + j + 12);
+        unordered |= (va != va) | (vb != vb) | (vc != vc) | (vd != vd);
+        a = larger(a, va);
+        b = larger(b, vb);
+        c = larger(c, vc);
+        d = larger(d, vd);
     }
+    *nan |= unordered;
     a = larger(larger(a, b), larger(c, d));
     float best = a[0];
     for (int j = 1; j < 4; j++) best = a[j] > best ? a[j] : best;
     return best;
 }
 
+/* The k best of row[0..n) into out, sorted (see the header); -1 when the row holds a NaN. */
 static Py_ssize_t top(const float *row, Py_ssize_t n, Py_ssize_t k, Candidate *out) {
     Py_ssize_t size = 0;
     float bar = -INFINITY; /* a logit must be above it to enter: the lowest kept once full */
+    i4 nan = {0, 0, 0, 0};
+    int tail_nan = 0;
     if (k <= 0) return 0;
     for (Py_ssize_t start = 0; start < n; start += BLOCK) {
         Py_ssize_t end = start + BLOCK < n ? start + BLOCK : n;
-        if (end - start == BLOCK && !(block_max(row + start) > bar)) continue;
+        if (end - start == BLOCK) {
+            if (!(block_max(row + start, &nan) > bar)) continue;
+        } else {
+            for (Py_ssize_t i = start; i < end; i++) tail_nan |= row[i] != row[i];
+        }
         for (Py_ssize_t i = start; i < end; i++) {
             float v = row[i];
             if (!(v > bar)) continue; /* also -inf and NaN */
@@ -119,6 +131,7 @@ static Py_ssize_t top(const float *row, Py_ssize_t n, Py_ssize_t k, Candidate *o
             }
         }
     }
+    if (tail_nan || nan[0] || nan[1] || nan[2] || nan[3]) return -1;
     for (Py_ssize_t last = size - 1; last > 0; last--) { /* heap sort: best first */
         Candidate t = out[0];
         out[0] = out[last];
@@ -127,6 +140,8 @@ static Py_ssize_t top(const float *row, Py_ssize_t n, Py_ssize_t k, Candidate *o
     }
     return size;
 }
+
+static const char NAN_ERROR[] = "sample: logits hold NaN, check model output";
 
 static PyObject *best(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -152,8 +167,11 @@ static PyObject *best(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     } else if (out.len < k * (Py_ssize_t)sizeof(Candidate)) {
         PyErr_SetString(PyExc_ValueError, "best: out holds fewer than k candidates");
     } else {
-        result = PyLong_FromSsize_t(top((const float *)row.buf, row.len / (Py_ssize_t)sizeof(float), k,
-                                        (Candidate *)out.buf));
+        Py_ssize_t count = top((const float *)row.buf, row.len / (Py_ssize_t)sizeof(float), k, (Candidate *)out.buf);
+        if (count < 0)
+            PyErr_SetString(PyExc_ValueError, NAN_ERROR);
+        else
+            result = PyLong_FromSsize_t(count);
     }
     PyBuffer_Release(&out);
     PyBuffer_Release(&row);
@@ -186,6 +204,10 @@ static PyObject *best_lists(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto done;
     }
     Py_ssize_t count = top((const float *)row.buf, row.len / (Py_ssize_t)sizeof(float), k, heap);
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, NAN_ERROR);
+        goto done;
+    }
     ids = PyList_New(count);
     logits = PyList_New(count);
     if (ids == NULL || logits == NULL) goto done;
@@ -211,11 +233,11 @@ done:
 static PyMethodDef methods[] = {
     {"best", (PyCFunction)(void (*)(void))best, METH_FASTCALL,
      "best(row, k, out) -> count: the k best float32 logits of row as {int32 id, float32 logit, "
-     "float32 p = 0} records in out, by logit descending, equal logits by id; -inf and NaN never "
-     "enter."},
+     "float32 p = 0} records in out, by logit descending, equal logits by id; -inf never enters, "
+     "NaN raises ValueError."},
     {"best_lists", (PyCFunction)(void (*)(void))best_lists, METH_FASTCALL,
      "best_lists(row, k) -> (ids, logits): the k best float32 logits of row as two lists, by "
-     "logit descending, equal logits by id; -inf and NaN never enter."},
+     "logit descending, equal logits by id; -inf never enters, NaN raises ValueError."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -28,8 +28,8 @@ the whole vocabulary sorted.
 
 Penalties that only lower logits keep the k best after them among the k + P best before them
 (P penalised tokens), so top_k sampling reads those alone (:meth:`Sampler._few`), and
-:meth:`Sampler.sample_top` decides greedy and top_k sampling from a graph's top-k of the row
-(the new engine's decode graph picks 128), reading the whole row only when they do not suffice.
+:meth:`Sampler.sample_top` decides greedy and top_k sampling from the row's best 128 (the new
+engine picks them with ``best.c``), reading the whole row only when they do not suffice.
 """
 
 from __future__ import annotations
@@ -289,18 +289,14 @@ class Sampler:
 
     def sample_top(self, il: list[int], vl: list[float], full: Callable[[], np.ndarray]) -> int:
         """The token :meth:`sample` gives for the logits ``full()``, decided from the row's
-        ``K`` largest logits alone when they suffice (ids ``il`` / logits ``vl``, sorted by
-        logit, descending, ties in any order, as the decode graph gives them): greedy or top_k
-        sampling whose ``k + P`` best all lie above the smallest of the ``K``, so none of them
-        can be missing. Otherwise (other options, the ``K``-th ties them, NaN or inf) ``full()``
+        best logits alone when they suffice (ids ``il`` / logits ``vl``: the first ``K`` of a
+        stable descending sort of the row with -inf left out, as ``best.c`` gives them):
+        greedy or top_k sampling whose ``k + P`` best are the first ``k + P`` of them.
+        Otherwise (other options, fewer than ``k + P`` candidates, +inf among them) ``full()``
         is read and sampled as usual."""
         need = self._few_k + len(self.counts)
-        if self._few_k and need < len(il):
-            if math.isfinite(sum(vl)) and vl[need - 1] > vl[-1]:  # the sum shows NaN/inf anywhere
-                if len(set(vl[:need + 1])) <= need:  # equal logits: the stable order is by id
-                    order = sorted(zip([-v for v in vl], il))
-                    il, vl = [t for _, t in order], [-v for v, _ in order]
-                return self._few(il[:need], vl[:need])
+        if self._few_k and need < len(il) and math.isfinite(sum(vl)):  # the sum shows +inf
+            return self._few(il[:need], vl[:need])
         return self.sample(full())
 
     def _few(self, idl: list[int], vl: list[float]) -> int:
