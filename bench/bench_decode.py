@@ -1,8 +1,8 @@
 """`pollama run` decode and prompt speed against llama.cpp's own `llama-bench`, side by side.
 
-    python bench/bench_decode.py [--rounds 3] [--threads 2] [--models smollm2,gemma3]
-                                 [--pp 512] [--tg 128] [--ctx default,bench]
-                                 [--engines bare,old,new] [--llama-bench PATH]
+    python bench/bench_decode.py [--rounds 10] [--threads 2] [--models smollm2,gemma3]
+                                 [--tests pp,tg] [--pp 512] [--tg 128] [--ctx default,bench]
+                                 [--engines bare,old,new] [--llama-bench PATH] [--pollama CHECKOUT]
 
 `llama-bench` is built from the llama.cpp that llama-cpp-python vendors (the same version the
 old engine runs and whose GGML libraries the new engine calls): the sdist of the installed
@@ -10,15 +10,18 @@ llama-cpp-python version is found in pip's cache or downloaded with pip, and onl
 `llama-bench` target is built (CPU, `-DLLAMA_CURL=OFF`) into ~/.cache/pollama-bench/ (minutes,
 once; a lock file keeps two builds apart).
 
-Each round runs, for each model and each ``--ctx`` (``default``: pollama's num_ctx, 4096;
-``bench``: the cache llama-bench allocates for the same test, see :func:`contexts`), a `bare`
-loop (this process kind driving `llama_decode` as llama-bench does: the floor for any Python
-runner) and `pollama`'s runner with the old engine and with the new one
-(`OLLAMA_NEW_ENGINE=0/1`), each in a fresh process and each right after its own `llama-bench`
-run (tg: `-p 0 -n TG`, pp: `-p PP -n 0`). Same threads, f16 KV cache, flash attention off
-(pollama's default for these models), batch 512. The tok/s columns are medians over all rounds'
-samples; each ratio is the median over the rounds of one pair's ratio (a shared machine drifts
-by 10-20 % from one minute to the next; within a pair it mostly cancels), with the pairs' range.
+For each model, one worker process per engine, test and ``--ctx`` (``default``: pollama's
+num_ctx, 4096; ``bench``: the cache llama-bench allocates for the same test, see
+:func:`contexts`) loads once and stays: a `bare` loop (this process kind driving `llama_decode`
+as llama-bench does: the floor for any Python runner) and `pollama`'s runner with the old
+engine and with the new one (`OLLAMA_NEW_ENGINE=0/1`). Each round then takes, per test, ctx and
+engine, one pair: one `llama-bench` sample (`-r 1`, after its own warm-up; tg: `-p 0 -n TG`,
+pp: `-p PP -n 0`) and one sample from the worker, back to back, `llama-bench` first in every
+other pair. Same threads, f16 KV cache, flash attention off (pollama's default for these
+models), batch 512. The tok/s columns are medians over all samples; each ratio is the median of
+the pairs' ratios with their quartiles (a shared machine moves by ~7 % from one 1.2-second run to
+the next and by 10-20 % over minutes; a pair seconds apart cancels the slow part, many pairs the
+rest).
 
 pollama's figures are what `pollama run --verbose` reports, measured the way `llama-bench`
 measures: prompt rate = prompt tokens / prompt eval duration of a PP-token raw prompt (cache
