@@ -109,12 +109,13 @@ class _SeqSampler:
         self.sampler, self.grammar = sampler, grammar
 
     def sample(self, out: Outputs, row: int) -> int:
-        """The next token from row ``row`` of ``out``: from the row's best logits the graph
-        picked when they decide it (no grammar; :meth:`Sampler.sample_top`), else the row."""
+        """The next token from row ``row`` of ``out``: from the row's best logits
+        (:meth:`Outputs.top`) when they can decide it (no grammar; :attr:`Sampler.reads_top`,
+        :meth:`Sampler.sample_top`), else from the whole row."""
         if self.grammar is not None:
             token = self.grammar.sample(out.logits()[row], self.sampler.sample)
             self.grammar.accept(token)
-        elif (top := out.top(row)) is not None:
+        elif self.sampler.reads_top and (top := out.top(row)) is not None:
             token = self.sampler.sample_top(*top, lambda: out.logits()[row])
         else:
             token = self.sampler.sample(out.logits()[row])

@@ -192,6 +192,8 @@ class Sampler:
             self._few_k = 1
         elif lowering and self.top_k > 0 and not 0.0 < self.typical_p < 1.0:
             self._few_k = self.top_k
+        #: whether :meth:`sample_top` can decide from a row's best logits (else it reads the row)
+        self.reads_top = self._few_k > 0
         # Python's generator, not NumPy's: one draw a token, and NumPy's costs ~25 us right after
         # GGML has run (its code is out of the caches), Python's ~5 us
         self.rng = random.Random(None if o.seed == -1 else int(o.seed) & 0xFFFFFFFFFFFFFFFF)
