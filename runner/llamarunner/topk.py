@@ -5,11 +5,11 @@ penalties and top_k partly sort them: ~1.7 ms a token on a 262k vocabulary. With
 everything after top_k (typical, top_p, min_p, temperature, the seeded draw) sees only the k
 best candidates, sorted. So the penalties are applied here (``runner.sample``'s rule, equal to
 llama.cpp's ``penalties`` sampler) as scalar writes into the logits row and back (right after
-a decode each NumPy call costs tens of microseconds), one pass of C
-(``runner/sample/best.c``) writes the k best straight into llama.cpp's candidates array, and a chain of the remaining llama.cpp samplers (same seed, same
-RNG) gets only those: the same tokens as the full chain. One difference cannot show in
-practice: among exactly equal logits the order is by token id here, by
-``std::partial_sort``'s heap there.
+a decode each NumPy call costs tens of microseconds), one pass of C (``runner/sample/best.c``)
+writes the k best straight into llama.cpp's candidates array, and a chain of the remaining
+llama.cpp samplers (same seed, same RNG) gets only those: the same tokens as the full chain.
+One difference cannot show in practice: among exactly equal logits the order is by token id
+here, by ``std::partial_sort``'s heap there.
 """
 
 from __future__ import annotations

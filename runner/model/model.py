@@ -156,10 +156,10 @@ class Outputs:
 
     def top(self, row: int) -> tuple[list[int], list[float]] | None:
         """Row ``row``'s TOP_CANDIDATES best logits as lists (ids, logits), by logit descending,
-        equal logits by id; -inf and NaN left out. One pass of C over the row where GGML left
-        it (``runner/sample/best.c``: ~30 us on 49k logits right after a decode, where GGML's
-        top_k in the graph cost ~64 us of compute plus the readout). None when the graph is
-        read whole instead (embeddings, many output rows)."""
+        equal logits by id, -inf left out; ValueError when the row holds a NaN. One pass of C
+        over the row where GGML left it (``runner/sample/best.c``: ~50 us with the lists on 49k
+        logits right after a decode; GGML's top_k at the end of the decode graph cost more).
+        None when the graph is read whole instead (embeddings, many output rows)."""
         graph = self._graph
         if not graph.picks:
             return None
