@@ -173,12 +173,13 @@ def pollama_measure(model: str, threads: int, test: str, pp: int, tg: int, ctx: 
     def load(num_ctx: int):
         return runner.load(model, Options(num_thread=threads, num_ctx=num_ctx, num_batch=512), config.load())
 
-    probe = load(contexts(ctx, pp, tg, 0)[0])
+    first = contexts(ctx, pp, tg, 0)[0]
+    probe = load(first)
     n_short = len(probe.tokenize(STORY))
     num_ctx = contexts(ctx, pp, tg, n_short)[0 if test == "pp" else 1]
     long_text = (STORY + " ") * (pp // 20 + 8)
     prompt = probe.detokenize(probe.tokenize(long_text, add_special=True)[:pp])
-    if num_ctx != probe.num_ctx and (num_ctx or probe.num_ctx != 4096):
+    if num_ctx != first:
         probe.close()
         r = load(num_ctx)
     else:

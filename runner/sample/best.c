@@ -143,28 +143,39 @@ static Py_ssize_t top(const float *row, Py_ssize_t n, Py_ssize_t k, Candidate *o
 
 static const char NAN_ERROR[] = "sample: logits hold NaN, check model output";
 
+/* The arguments both functions share: the row (args[0], a float32 buffer, released by the
+   caller on success) and k (args[1], 0..max_k). 0, or -1 with the error set. */
+static int row_and_k(PyObject *const *args, const char *name, Py_ssize_t max_k, Py_buffer *row, Py_ssize_t *k) {
+    *k = PyLong_AsSsize_t(args[1]);
+    if (*k == -1 && PyErr_Occurred()) return -1;
+    if (*k < 0 || *k > max_k) {
+        PyErr_Format(PyExc_ValueError, "%s: k out of range", name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(args[0], row, PyBUF_C_CONTIGUOUS) != 0) return -1;
+    if (row->len % (Py_ssize_t)sizeof(float) != 0 || row->len / (Py_ssize_t)sizeof(float) > INT32_MAX) {
+        PyBuffer_Release(row);
+        PyErr_Format(PyExc_ValueError, "%s: row is not a float32 buffer", name);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *best(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "best(row, k, out) takes 3 arguments");
         return NULL;
     }
-    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
-    if (k == -1 && PyErr_Occurred()) return NULL;
-    if (k < 0 || k > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "best: k out of range");
-        return NULL;
-    }
     Py_buffer row, out;
-    if (PyObject_GetBuffer(args[0], &row, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    Py_ssize_t k;
+    if (row_and_k(args, "best", INT32_MAX, &row, &k) != 0) return NULL;
     if (PyObject_GetBuffer(args[2], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
         PyBuffer_Release(&row);
         return NULL;
     }
     PyObject *result = NULL;
-    if (row.len % (Py_ssize_t)sizeof(float) != 0 || row.len / (Py_ssize_t)sizeof(float) > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "best: row is not a float32 buffer");
-    } else if (out.len < k * (Py_ssize_t)sizeof(Candidate)) {
+    if (out.len < k * (Py_ssize_t)sizeof(Candidate)) {
         PyErr_SetString(PyExc_ValueError, "best: out holds fewer than k candidates");
     } else {
         Py_ssize_t count = top((const float *)row.buf, row.len / (Py_ssize_t)sizeof(float), k, (Candidate *)out.buf);
@@ -184,21 +195,11 @@ static PyObject *best_lists(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "best_lists(row, k) takes 2 arguments");
         return NULL;
     }
-    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
-    if (k == -1 && PyErr_Occurred()) return NULL;
-    if (k < 0 || k > 1 << 20) {
-        PyErr_SetString(PyExc_ValueError, "best_lists: k out of range");
-        return NULL;
-    }
     Py_buffer row;
-    if (PyObject_GetBuffer(args[0], &row, PyBUF_C_CONTIGUOUS) != 0) return NULL;
+    Py_ssize_t k;
+    if (row_and_k(args, "best_lists", 1 << 20, &row, &k) != 0) return NULL;
     PyObject *result = NULL, *ids = NULL, *logits = NULL;
-    Candidate *heap = NULL;
-    if (row.len % (Py_ssize_t)sizeof(float) != 0 || row.len / (Py_ssize_t)sizeof(float) > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "best_lists: row is not a float32 buffer");
-        goto done;
-    }
-    heap = PyMem_Malloc((size_t)(k > 0 ? k : 1) * sizeof(Candidate));
+    Candidate *heap = PyMem_Malloc((size_t)(k > 0 ? k : 1) * sizeof(Candidate));
     if (heap == NULL) {
         PyErr_NoMemory();
         goto done;
