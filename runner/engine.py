@@ -189,6 +189,7 @@ class BatchRunner:
         self._waiting.clear()
         self._seqs = [None] * self.num_parallel
         self._ahead = None
+        self.prompter.close()
         self.decoder.close()
         self.model_engine.close()
 

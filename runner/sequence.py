@@ -23,6 +23,7 @@ from .enginespec import Engine
 from .inputcache import Input, Slot, image_end, image_start
 from .output import Output
 from .sample.grammar import format_grammar
+from .sample.grammarcheck import GrammarCheck
 from .sample.toolgrammar import tool_call_grammar
 from .templatefeatures import features as template_features
 from .text import decode_flush
@@ -55,6 +56,10 @@ class Prompter:
     def __init__(self, engine: Engine, num_ctx: int) -> None:
         self.engine = engine
         self.num_ctx = num_ctx
+        self.grammars = GrammarCheck()
+
+    def close(self) -> None:
+        self.grammars.close()
 
     def detokenize(self, tokens: list[int]) -> str:
         n_vocab = self.engine.n_vocab
@@ -157,7 +162,7 @@ class Prompter:
         if not tokens:
             raise InvalidRequest("no input provided")
         num_ctx = self.num_ctx
-        grammar = format_grammar(request.format)
+        grammar = format_grammar(request.format, self.grammars, request.cancel)
         reply = None
         if template is not None:
             found = template_features(template)
@@ -167,7 +172,7 @@ class Prompter:
                 # forced: the whole answer is a call; auto: a call the model starts is well formed
                 if request.tool_choice.forced or grammar is None:
                     grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
-                                                request.parallel_tool_calls)
+                                                request.parallel_tool_calls, self.grammars, request.cancel)
         opts = request.options
         num_keep = opts.num_keep
         if num_keep < 0:

@@ -54,6 +54,16 @@ def engine(request) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def grammars():
+    """Converts schemas and checks grammars in child processes, as a loaded runner does."""
+    from runner.sample.grammarcheck import GrammarCheck
+
+    check = GrammarCheck()
+    yield check
+    check.close()
+
+
 def collect(chunks):
     """(text, final chunk) of a stream."""
     text, final = [], None

@@ -86,8 +86,8 @@ def _greedy_step(sampler: GrammarSampler, vocab, want: int) -> int:
     return token
 
 
-def test_new_engine_path_text_is_free_then_the_call_is_constrained(vocab):
-    grammar = tool_call_grammar(QWEN, [WEATHER], ToolChoice(), None)
+def test_new_engine_path_text_is_free_then_the_call_is_constrained(vocab, grammars):
+    grammar = tool_call_grammar(QWEN, [WEATHER], ToolChoice(), None, grammars)
     assert grammar.tag == "<tool_call>" and grammar.trigger is None
     sampler = GrammarSampler(vocab, grammar)
     try:
@@ -104,11 +104,11 @@ def test_new_engine_path_text_is_free_then_the_call_is_constrained(vocab):
         sampler.close()
 
 
-def test_old_engine_path_the_sampler_works_in_a_chain(vocab):
+def test_old_engine_path_the_sampler_works_in_a_chain(vocab, grammars):
     import llama_cpp as L
 
     chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-    L.llama_sampler_chain_add(chain, init_sampler(vocab.vocab, tool_call_grammar(QWEN, [WEATHER], ToolChoice(), None)))
+    L.llama_sampler_chain_add(chain, init_sampler(vocab.vocab, tool_call_grammar(QWEN, [WEATHER], ToolChoice(), None, grammars)))
     L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
     data = (L.llama_token_data * vocab.n_vocab)()
 

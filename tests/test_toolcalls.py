@@ -213,7 +213,7 @@ def test_calls_made_while_thinking_are_not_calls():
     assert [c.name for c in calls] == ["y"] and "".join(content) == ""
 
 
-def test_forced_grammar_compiles_for_each_syntax():
+def test_forced_grammar_compiles_for_each_syntax(grammars):
     """The grammar llama.cpp gets for each template's syntax compiles (a vocab-only SmolLM2)."""
     from runner.sample.grammar import VocabOnly, init_sampler
     from runner.sample.toolgrammar import tool_call_grammar
@@ -227,7 +227,7 @@ def test_forced_grammar_compiles_for_each_syntax():
         for syntax in (QWEN, LLAMA, MISTRAL):
             for choice in (ToolChoice("required"), ToolChoice("function", "noargs"), ToolChoice()):
                 for parallel in (None, True):
-                    grammar = tool_call_grammar(syntax, tools, choice, parallel)
+                    grammar = tool_call_grammar(syntax, tools, choice, parallel, grammars)
                     assert (grammar.trigger is None and grammar.tag is None) == choice.forced
                     sampler = init_sampler(vocab.vocab, grammar)
                     assert sampler, grammar.gbnf

@@ -9,34 +9,29 @@ allowed, so the common case costs one single-token check.
 from __future__ import annotations
 
 import ctypes
-import json
+import threading
 from typing import Callable
 
 import numpy as np
 
 from ..api import Grammar, InvalidRequest
+from .grammarcheck import GrammarCheck
 from .lazygrammar import LazyTagSampler
 
 
-def format_to_gbnf(fmt: str | dict) -> str:
-    """GBNF for ``"json"`` (any JSON object) or a JSON schema (a dict). Raises InvalidRequest."""
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+def format_grammar(fmt: str | dict | None, grammars: GrammarCheck,
+                   cancel: threading.Event | None = None) -> Grammar | None:
+    """The grammar for a request's ``format`` (None: unconstrained): ``"json"`` (any JSON value)
+    or a JSON schema, bounded and converted by ``grammars``. Raises InvalidRequest."""
+    from llama_cpp.llama_grammar import JSON_GBNF
 
-    if fmt == "json":
-        return JSON_GBNF
-    if isinstance(fmt, dict):
-        try:
-            return json_schema_to_gbnf(json.dumps(fmt))
-        except Exception as err:  # the converter raises assorted errors on bad schemas
-            raise InvalidRequest(f"invalid JSON schema in format: {err}") from None
-    raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema")
-
-
-def format_grammar(fmt: str | dict | None) -> Grammar | None:
-    """The grammar for a request's ``format`` (None: unconstrained). Raises InvalidRequest."""
     if fmt in (None, "", "null"):
         return None
-    return Grammar(format_to_gbnf(fmt))
+    if fmt == "json":
+        return Grammar(JSON_GBNF)
+    if isinstance(fmt, dict):
+        return Grammar(grammars.schema_gbnf(fmt, "format", cancel))
+    raise InvalidRequest(f"invalid format {fmt!r}: use \"json\" or a JSON schema")
 
 
 def init_sampler(vocab, grammar: Grammar):

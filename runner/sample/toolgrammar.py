@@ -13,12 +13,14 @@ some before its call, but a call it starts is well formed.
 
 from __future__ import annotations
 
-import json
 import re
+import threading
 from typing import Sequence
 
 from ..api import Grammar, InvalidRequest, Tool, ToolChoice
 from ..toolcalls import ToolSyntax
+from . import schemabounds
+from .grammarcheck import GrammarCheck
 
 
 def _literal(text: str) -> str:
@@ -50,23 +52,22 @@ def _call_schema(syntax: ToolSyntax, tool: Tool) -> dict:
 
 
 def tool_call_grammar(syntax: ToolSyntax, tools: Sequence[Tool], choice: ToolChoice,
-                      parallel: bool | None) -> Grammar:
-    """The grammar for a request's tool calls (see the module's doc). Several calls in one
-    answer only when ``parallel`` is True. Raises InvalidRequest for a schema that does not
+                      parallel: bool | None, grammars: GrammarCheck,
+                      cancel: threading.Event | None = None) -> Grammar:
+    """The grammar for a request's tool calls (see the module's doc), its schemas bounded,
+    converted and the whole compiled by ``grammars``. Several calls in one answer only when
+    ``parallel`` is True. Raises InvalidRequest for a schema over a bound or that does not
     convert, or a named function that is not among ``tools``."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
     chosen = list(tools)
     if choice.mode == "function":
         chosen = [t for t in tools if t.name == choice.name]
         if not chosen:
             raise InvalidRequest(f"tool_choice names {choice.name!r}, which is not one of the tools")
+    for tool in chosen:
+        schemabounds.check(tool.parameters, f'the parameters of tool "{tool.name}"')
     schemas = [_call_schema(syntax, t) for t in chosen]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    try:
-        body = json_schema_to_gbnf(json.dumps(schema))
-    except Exception as err:  # the converter raises assorted errors on bad schemas
-        raise InvalidRequest(f"invalid JSON schema in tools: {err}") from None
+    body = grammars.schema_gbnf(schema, "tools", cancel)
     body = re.sub(r"^root ::=", "tool-call ::=", body, count=1, flags=re.M)
     if syntax.as_list:
         calls = '"[" tool-call ("," space tool-call)* "]"' if parallel else '"[" tool-call "]"'
@@ -79,6 +80,7 @@ def tool_call_grammar(syntax: ToolSyntax, tools: Sequence[Tool], choice: ToolCho
     parts += [_literal(syntax.end_tag)] if syntax.end_tag else []
     many = 'tool-block ("\\n" tool-block)*' if parallel and not syntax.as_list else "tool-block"
     gbnf = f"root ::= {many}\ntool-block ::= {' '.join(parts)}\ngap ::= [ \\n]? [ \\n]?\n{body}"
+    gbnf = grammars.compiled(gbnf, "tools", cancel)
     if choice.forced:
         return Grammar(gbnf)
     # auto, with a tag: lazily, from wherever the model writes the tag (runner.sample.lazygrammar)
