@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 from fastapi import APIRouter, Depends, Request as HTTPRequest
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
+from starlette.requests import ClientDisconnect
 
 from runner import store
 from runner.api import InvalidRequest, PollamaError
@@ -177,7 +178,10 @@ async def head_blob(digest: str, svc: Service = Depends(service)) -> Response:
 @router.post("/api/blobs/{digest}")
 async def upload_blob(digest: str, request: HTTPRequest, svc: Service = Depends(service)) -> Response:
     """The body is stored as the blob ``digest`` when its sha256 is that digest (201; 200 when
-    the blob was already there); streamed to disk, never held in memory."""
+    the blob was already there); streamed to disk, never held in memory. Concurrent uploads of
+    one blob each succeed. A body that ends early (the client closed, paused past the body
+    timeout, or sent malformed chunks) is a 400 — on a connection that is usually gone — and
+    leaves nothing in the store."""
     layout = store.Layout(svc.cfg.models)
     upload = _blobs.Upload(layout, digest)  # a bad digest is 400 here
     if await asyncio.to_thread(_blobs.has_blob, layout, digest):
@@ -188,6 +192,9 @@ async def upload_blob(digest: str, request: HTTPRequest, svc: Service = Depends(
             if chunk:
                 await asyncio.to_thread(upload.write, chunk)
         await asyncio.to_thread(upload.finish)
+    except ClientDisconnect:
+        log.info("upload of %s ended before its body was complete", digest)
+        raise InvalidRequest("the request body ended before it was complete") from None
     finally:
         await asyncio.to_thread(upload.close)
     return Response(status_code=201)

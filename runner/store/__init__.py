@@ -122,14 +122,19 @@ def _from_manifest(layout: Layout, name: Name, manifest: dict[str, Any]) -> Stor
         raise InvalidModel(f'model "{name}" has a bad manifest: {err}') from None
     if model_blob is None:
         raise InvalidModel(f'model "{name}" has no GGUF model layer')
-    if not model_blob.is_file():
-        raise InvalidModel(f'model "{name}" is missing its blob {model_blob.name}')
-    stat = model_blob.stat()
+    try:
+        stat = model_blob.stat()
+    except FileNotFoundError:
+        raise InvalidModel(f'model "{name}" is missing its blob {model_blob.name}') from None
+    try:
+        modified = layout.manifest(name).stat().st_mtime
+    except FileNotFoundError:  # deleted since it was read
+        raise ModelNotFound(f'model "{name}" not found') from None
     return StoredModel(
         name=name.display(),
         path=model_blob,
         size=stat.st_size,
-        modified=datetime.fromtimestamp(layout.manifest(name).stat().st_mtime, timezone.utc),
+        modified=datetime.fromtimestamp(modified, timezone.utc),
         digest=model_blob.name.removeprefix("sha256-"),
         manifest=manifest,
         layers=layers,
@@ -191,7 +196,7 @@ def list_models(cfg: _config.Config | None = None) -> list[StoredModel]:
             manifest = manifests.read(layout, name)
             if manifest is not None:
                 found.append(_from_manifest(layout, name, manifest))
-        except InvalidModel:
+        except (InvalidModel, ModelNotFound):  # unreadable, or deleted while listed
             continue
     found.sort(key=lambda m: m.modified, reverse=True)
     return found
@@ -219,19 +224,29 @@ def copy(cfg: _config.Config, source: str, destination: str) -> None:
     """Make ``destination`` a new manifest naming the blobs of ``source``.
 
     A source outside the store (the default model, a .gguf path) is imported: its file, which
-    must be a GGUF with a valid header, is copied into a blob under a one-layer manifest.
+    must be a GGUF with a valid header, is copied into a blob under a one-layer manifest. A
+    source in the store is read under the store's lock, so a concurrent delete cannot prune its
+    blobs before the copy names them.
     """
     if not source:
         raise InvalidRequest("source is required")
     dest = _store_name(destination, "destination")
-    stored = resolve(source, cfg, from_network=True)
     layout = Layout(cfg.models)
-    if stored.manifest is not None:
-        manifest = stored.manifest
-    else:
-        model_digest, size = blobs.import_gguf(layout, stored.path)
-        manifest = manifests.new_model_manifest(layout, model_digest, size)
-    manifests.write(layout, dest, manifest)
+    resolve(source, cfg, from_network=True)  # not found: the store is left as it is
+    with layout.locked():
+        stored = resolve(source, cfg, from_network=True)  # again: a delete may have come first
+        if stored.manifest is not None:
+            manifests.commit_holding_lock(layout, dest, stored.manifest)
+            log.info("copied %s to %s", stored.name, dest)
+            return
+    model_digest, size = blobs.import_gguf(layout, stored.path)
+    manifest = manifests.new_model_manifest(layout, model_digest, size)
+
+    def restore() -> None:
+        blobs.import_gguf(layout, stored.path)
+        manifests.new_model_manifest(layout, model_digest, size)
+
+    manifests.commit(layout, dest, manifest, restore=restore)
     log.info("copied %s to %s", stored.name, dest)
 
 
@@ -248,9 +263,8 @@ def delete(cfg: _config.Config, name: str) -> None:
     except InvalidName:
         raise InvalidRequest(f'name "{name}" is invalid') from None
     layout = Layout(cfg.models)
-    if not layout.manifest(parsed).is_file():
+    if manifests.remove(layout, parsed) is None:
         raise ModelNotFound(f'model "{name}" not found')
-    manifests.remove(layout, parsed)
     log.info("deleted %s", parsed)
 
 

@@ -1,9 +1,11 @@
 """Blobs: content-addressed files named by their sha256, written atomically.
 
 A blob is written to a temporary file in ``blobs/`` while its digest is computed, then renamed
-into place, so a blob that exists is always whole. Importing a file makes a copy (never a hard
-link: a blob must not change when its source does), and only a GGUF file with a valid header is
-ever imported.
+into place, so a blob that exists is always whole. Every writer has a temporary file of its own
+(:meth:`Layout.temporary`), so concurrent writers of one blob (two uploads, an upload and an
+import) each finish, and the last rename leaves the same bytes. Importing a file makes a copy
+(never a hard link: a blob must not change when its source does), and only a GGUF file with a
+valid header is ever imported.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,18 +53,33 @@ def file_digest(path: Path) -> str:
         return digest
 
 
+def create_temporary(layout: Layout, folder: Path, kind: str) -> tuple[int, Path]:
+    """A new, empty temporary file of this writer's own in ``folder`` (made if missing): its
+    open descriptor (write-only) and its path (:meth:`Layout.temporary`)."""
+    for attempt in range(8):
+        tmp = layout.temporary(folder, kind)
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(tmp, flags, 0o600), tmp
+        except (FileExistsError, FileNotFoundError):
+            # the name was taken, or a delete pruned the emptied folder while it was made: again
+            if attempt == 7:
+                raise
+    raise AssertionError("unreachable")
+
+
 def write_atomic(layout: Layout, path: Path, data: bytes) -> None:
     """Replace ``path`` (a store path) with ``data``, all or nothing."""
     path = layout.recheck(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    fd, tmp = create_temporary(layout, path.parent, "tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        os.replace(tmp, layout.recheck(path))
     except BaseException:
-        _unlink_quietly(Path(tmp))
+        _unlink_quietly(tmp)
         raise
 
 
@@ -92,10 +108,7 @@ def import_gguf(layout: Layout, source: Path) -> tuple[str, int]:
     existing blob with the same digest is kept.
     """
     ggufmeta.read_gguf_header(source)
-    blobs = layout.blobs
-    blobs.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=blobs, prefix=".import-")
-    tmp = Path(tmp_name)
+    fd, tmp = create_temporary(layout, layout.blobs, "import")
     try:
         with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
             hex_digest = _copy_hashing(src, dst)
@@ -122,12 +135,25 @@ def has_blob(layout: Layout, digest: str) -> bool:
 def exclusive_partial(layout: Layout, digest: str) -> Iterator[Path]:
     """``digest``'s partial file (``blobs/sha256-<hex>-partial``), held with an exclusive flock:
     one writer per blob across threads and processes. A waiter must check afterwards whether
-    the blob arrived meanwhile."""
+    the blob arrived meanwhile. The holder may delete the file (a failed pull does): a waiter
+    then locks the file that is there once it gets its turn, never the deleted one."""
     partial = layout.recheck(layout.partial(digest))
     partial.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+    while True:
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held, there = os.fstat(fd), os.stat(partial)
+        except FileNotFoundError:  # deleted while we waited: lock the next one
+            os.close(fd)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+            break
+        os.close(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield partial
     finally:
         if layout.blob(digest).is_file():  # the blob is whole: no partial file is needed
@@ -142,24 +168,24 @@ def promote(layout: Layout, partial: Path, digest: str) -> None:
 
 
 class Upload:
-    """A blob sent by a client (``POST /api/blobs/:digest``): written to its partial file while
-    hashed, renamed into place only when its sha256 is ``digest``. ``open``, ``write``...,
-    ``finish``, and always ``close``. Blocking: call from a worker thread."""
+    """A blob sent by a client (``POST /api/blobs/:digest``): written to a temporary file of its
+    own while hashed, renamed into place only when its sha256 is ``digest``. Several uploads of
+    one blob may run at once: each finishes on its own (the renames are atomic and leave the same
+    bytes). ``open``, ``write``..., ``finish``, and always ``close`` (which removes the
+    temporary file of an upload cut short: it is not resumed). Blocking: call from a worker thread.
+    """
 
     def __init__(self, layout: Layout, digest: str) -> None:
         self.layout = layout
         self.blob = layout.blob(digest)  # OutsideStore (400) for anything but sha256:<64 hex>
         self.digest = f"sha256:{digest_hex(digest)}"
         self._hash = hashlib.sha256()
-        self._held = None
         self._file: BinaryIO | None = None
-        self._partial: Path | None = None
+        self._tmp: Path | None = None
 
     def open(self) -> None:
-        self._held = exclusive_partial(self.layout, self.digest)
-        self._partial = self._held.__enter__()
-        self._file = open(self._partial, "r+b")
-        self._file.truncate()
+        fd, self._tmp = create_temporary(self.layout, self.layout.blobs, "upload")
+        self._file = os.fdopen(fd, "wb")
 
     def write(self, data: bytes) -> None:
         assert self._file is not None
@@ -167,25 +193,23 @@ class Upload:
         self._hash.update(data)
 
     def finish(self) -> None:
-        assert self._file is not None and self._partial is not None
+        """Verify the digest and put the blob in place (InvalidRequest on a mismatch)."""
+        assert self._file is not None and self._tmp is not None
         self._file.close()
         got = f"sha256:{self._hash.hexdigest()}"
-        if self.blob.is_file():
-            _unlink_quietly(self._partial)
-            return
         if got != self.digest:
-            _unlink_quietly(self._partial)
             raise InvalidRequest(f'digest mismatch, expected "{self.digest}", got "{got}"')
-        promote(self.layout, self._partial, self.digest)
+        if not self.blob.is_file():
+            os.chmod(self._tmp, 0o644)
+            os.replace(self.layout.recheck(self._tmp), self.layout.recheck(self.blob))
+            self._tmp = None
 
     def close(self) -> None:
         if self._file is not None and not self._file.closed:
             self._file.close()
-            if self._partial is not None:
-                _unlink_quietly(self._partial)  # an upload cut short is not resumed
-        if self._held is not None:
-            self._held.__exit__(None, None, None)
-            self._held = None
+        if self._tmp is not None:
+            remove(self.layout, self._tmp)
+            self._tmp = None
 
 
 def remove(layout: Layout, path: Path) -> None:

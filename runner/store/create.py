@@ -159,17 +159,19 @@ def _uploaded_layers(layout: Layout, spec: CreateSpec) -> list[dict[str, Any]]:
     return model + projector
 
 
-def _projector_layer(layout: Layout, path: Path) -> dict[str, Any]:
+def _projector_layer(layout: Layout, path: Path, imported: list[Path]) -> dict[str, Any]:
     """A local projector file, checked (a clip GGUF) and copied into the store."""
     from . import check_projector
 
     check_projector(path)
     digest, size = blobs.import_gguf(layout, path)
+    imported.append(path)
     return {"mediaType": PROJECTOR_MEDIA_TYPE, "digest": digest, "size": size}
 
 
-def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Iterator[Progress]:
-    """The base model's layers (model first): from files, a local file, or ``from``."""
+def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec, imported: list[Path]) -> Iterator[Progress]:
+    """The base model's layers (model first): from files, a local file, or ``from``. The files
+    copied into the store are added to ``imported``."""
     from . import looks_like_path, resolve
 
     if spec.files:
@@ -180,6 +182,7 @@ def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Itera
         if ggufmeta.read_gguf_header(spec.from_file).architecture == "clip":
             raise InvalidRequest(f"{spec.from_file} is a vision projector: the first FROM names the model")
         digest, size = blobs.import_gguf(layout, spec.from_file)
+        imported.append(spec.from_file)
         return [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": size}]
     try:
         stored = resolve(spec.from_, cfg, from_network=True)
@@ -189,6 +192,7 @@ def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec) -> Itera
     if stored.manifest is None:  # the default model or a .gguf path: imported (copied)
         yield Progress("parsing GGUF")
         digest, size = blobs.import_gguf(layout, stored.path)
+        imported.append(stored.path)
         return [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": size}]
     layers = [dict(layer) for layer in manifests.layers(stored.manifest)]
     for layer in layers:
@@ -217,10 +221,12 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
     spec.check()
     name = _store_name(spec.model, "model")
     layout = Layout(cfg.models)
-    layers = yield from _base_layers(cfg, layout, spec)
+    imported: list[Path] = []  # local files copied in, and blobs written, before the manifest
+    written: list[bytes] = []  # names them: a concurrent delete may prune them meanwhile
+    layers = yield from _base_layers(cfg, layout, spec, imported)
     if spec.projector_file is not None:
         yield Progress("parsing GGUF")
-        layers = _without(layers, PROJECTOR_MEDIA_TYPE) + [_projector_layer(layout, spec.projector_file)]
+        layers = _without(layers, PROJECTOR_MEDIA_TYPE) + [_projector_layer(layout, spec.projector_file, imported)]
     if cancel is not None and cancel.is_set():
         raise Cancelled("the create was cancelled")
     new: list[Progress] = []
@@ -230,6 +236,7 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
         if replace:
             layers = _without(layers, media)
         layer, progress = _layer(layout, media, data)
+        written.append(data)
         layers.append(layer)
         new.append(progress)
 
@@ -249,6 +256,7 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
     yield from new
     config = json.dumps({"model_format": "gguf", "model_family": "", "file_type": ""}).encode()
     config_digest = blobs.write_blob(layout, config)
+    written.append(config)
     manifest = {
         "schemaVersion": 2,
         "mediaType": MANIFEST_MEDIA_TYPE,
@@ -256,12 +264,13 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
         "layers": layers,
     }
     yield Progress("writing manifest")
-    try:
-        previous = manifests.read(layout, name)
-    except PollamaError:
-        previous = None
-    manifests.write(layout, name, manifest)
-    if previous is not None:
-        manifests.prune(layout, manifests.digests(previous))
+
+    def restore() -> None:
+        for data in written:
+            blobs.write_blob(layout, data)
+        for path in imported:
+            blobs.import_gguf(layout, path)
+
+    manifests.commit(layout, name, manifest, restore=restore)  # prunes the previous version's blobs
     log.info("created %s", name)
     yield Progress("success")

@@ -9,13 +9,22 @@ Every path the store reads, writes or removes comes from :meth:`Layout.inside`, 
 lies inside ``OLLAMA_MODELS`` (after ``..`` and symbolic links are resolved). Names and digests are
 validated before they become paths; this check is the second line, so that no future caller can
 reach outside the store by accident.
+
+A file is written under a fresh temporary name in its final folder (:meth:`Layout.temporary`)
+and renamed into place when whole. Changes to the set of manifests, with the blob pruning that
+follows them, hold the store's lock (:meth:`Layout.locked`), so that a prune never removes a blob
+that a concurrent change has just named.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import secrets
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from ..api import InvalidRequest
 from .names import Name
@@ -88,6 +97,27 @@ class Layout:
         if hex_digest is None:
             raise OutsideStore(f"invalid blob digest {digest!r}")
         return self.inside("blobs", f"sha256-{hex_digest}-partial")
+
+    def temporary(self, folder: Path, kind: str) -> Path:
+        """A fresh name in ``folder`` (a store folder) for a file that is written whole, then
+        renamed into place: ``.<kind>-<16 random hex>``, checked like every store path. Each
+        writer gets its own, so writers of the same file never share (or remove) each other's."""
+        return self.recheck(Path(folder) / f".{kind}-{secrets.token_hex(8)}")
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's change lock: an exclusive ``flock`` on ``.pollama-lock`` in the
+        store's root. A manifest change (write, delete) and the blob pruning that follows it run
+        under it. Threads and processes alike wait for it (each holder opens the file anew, and
+        flock locks of separate opens exclude each other); it is not reentrant."""
+        path = self.inside(".pollama-lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def relative_manifest(self, path: Path) -> tuple[str, ...]:
         """A manifest file's parts below ``manifests/`` (host, namespace, model, tag)."""
