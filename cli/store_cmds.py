@@ -14,7 +14,7 @@ import typer
 from runner import config, ggufmeta, store
 from runner.api import PollamaError
 from runner.store.create import CreateSpec, create as create_model
-from runner.store.modelfile import parse as parse_modelfile
+from runner.store.modelfile import parse as parse_modelfile, read as read_modelfile
 from runner.store.progress import Progress
 from runner.store.pull import pull as pull_model
 
@@ -67,12 +67,9 @@ def push(
 
 
 def spec_from_modelfile(name: str, path: Path) -> CreateSpec:
-    """A create request from a Modelfile; FROM a path is relative to the Modelfile's folder."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise _fail(f"cannot read {path}: {getattr(err, 'strerror', None) or err}")
-    parsed = parse_modelfile(text)
+    """A create request from a Modelfile; FROM a path is relative to the Modelfile's folder.
+    Raises PollamaError (a Modelfile that is not a regular file of at most 1 MiB included)."""
+    parsed = parse_modelfile(read_modelfile(path))
     spec = CreateSpec(model=name, template=parsed.template, system=parsed.system,
                       parameters=parsed.parameters, messages=parsed.messages,
                       license=parsed.license or None)

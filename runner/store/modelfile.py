@@ -13,12 +13,22 @@ One instruction per line, the keyword in any case; ``#`` starts a comment line::
 
 A text is the rest of the line, a ``"quoted"`` string, or a ``\"\"\"`` block that may span lines.
 Any error names its line: ``Modelfile line 3: ...``.
+
+A Modelfile is read (:func:`read`) only when it is a regular file of at most
+:data:`MAX_MODELFILE_BYTES` (1 MiB): ``-f /dev/zero`` or ``-f`` a FIFO is refused at once instead
+of filling memory or waiting forever. Real ones are far smaller: a chat template is a few KiB (the
+longest, with tools, some tens of KiB), a long SYSTEM prompt or license text tens of KiB.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import json
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from ..api import InvalidRequest, coerce_option
@@ -46,6 +56,44 @@ class Modelfile:
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
+
+
+MAX_MODELFILE_BYTES = 1 << 20
+
+
+def read(path: Path) -> str:
+    """The text of the Modelfile at ``path``: a regular file of UTF-8 text, at most
+    :data:`MAX_MODELFILE_BYTES`, newlines as Python's text mode reads them. Raises ModelfileError
+    (``cannot read PATH: ...``) for anything else, at once: a FIFO or a device is never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open never waits
+    except OSError as err:
+        raise ModelfileError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = os.strerror(errno.EISDIR) if stat.S_ISDIR(mode) else "not a regular file"
+            raise ModelfileError(f"cannot read {path}: {kind}")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_MODELFILE_BYTES:
+            chunk = os.read(fd, MAX_MODELFILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as err:
+        raise ModelfileError(f"cannot read {path}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_MODELFILE_BYTES:
+        raise ModelfileError(f"cannot read {path}: larger than 1 MiB (a Modelfile is text: "
+                             "FROM a .gguf file rather than pasting one in)")
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelfileError(f"cannot read {path}: not UTF-8 text") from None
+    return io.StringIO(text, newline=None).read()  # \r\n and \r become \n, as in text mode
 
 
 def _error(line: int, message: str) -> ModelfileError:
