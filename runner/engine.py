@@ -155,12 +155,15 @@ class BatchRunner:
         return self.prompter.prepare(request, chat)
 
     def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
-        """All of ``texts`` go to the loop as one job, evaluated several per decode."""
+        """All of ``texts`` go to the loop as one job, evaluated several per decode; texts with
+        the same tokens are evaluated once (their vectors are the same)."""
         self._check_open()
         inputs = self.prompter.embed_inputs(texts, truncate)
         if not inputs:
             return Embedding([], 0)
-        job = EmbedJob(inputs, cancel if cancel is not None else threading.Event())
+        unique: dict[tuple[int, ...], int] = {}
+        which = [unique.setdefault(tuple(tokens), len(unique)) for tokens in inputs]
+        job = EmbedJob([list(tokens) for tokens in unique], cancel if cancel is not None else threading.Event())
         self._enqueue(job)
         try:
             result = job.out.get()
@@ -168,7 +171,8 @@ class BatchRunner:
             job.abandoned.set()  # a caller interrupted while it waits ends the job at the next batch
         if isinstance(result, BaseException):
             raise result
-        return Embedding([vector.tolist() for vector in result], sum(len(t) for t in inputs))
+        vectors = [vector.tolist() for vector in result]
+        return Embedding([vectors[k] for k in which], sum(len(t) for t in inputs))
 
     def pending(self) -> int:
         """Sequences waiting for a slot plus sequences running."""

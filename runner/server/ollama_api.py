@@ -21,7 +21,7 @@ from runner.images import image_from_base64
 
 from . import models as _models
 from . import toolwire
-from .http import NDJSON, JSON, RunnerResponse, dumps, now_iso
+from .http import NDJSON, JSON, RunnerResponse, dumps, json_response, now_iso
 from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
 router = APIRouter()
@@ -338,7 +338,7 @@ def normalize_dims(vector: list[float], dimensions: int | None) -> list[float]:
 
 
 @router.post("/api/embed")
-async def embed(body: EmbedBody, svc: Service = Depends(service)) -> dict[str, Any]:
+async def embed(body: EmbedBody, svc: Service = Depends(service)) -> Response:
     t0 = now_ns()
     if not body.model:
         raise InvalidRequest("model is required")
@@ -351,13 +351,13 @@ async def embed(body: EmbedBody, svc: Service = Depends(service)) -> dict[str, A
         texts = list(body.input or [])
     truncate = True if body.truncate is None else body.truncate
     vectors, count, load_ns = await svc.embed(body.model, texts, truncate, body.options, keep_alive, t0)
-    return {
+    return await json_response(lambda: {
         "model": body.model,
         "embeddings": [normalize_dims(v, body.dimensions) for v in vectors],
         "total_duration": now_ns() - t0,
         "load_duration": load_ns,
         "prompt_eval_count": count,
-    }
+    })
 
 
 @router.post("/api/embeddings")

@@ -27,7 +27,7 @@ from runner.images import image_from_data_url
 
 from . import models as _models
 from . import toolwire
-from .http import JSON, SSE, RunnerResponse, dumps, openai_error, status_of
+from .http import JSON, SSE, RunnerResponse, dumps, json_response, openai_error, status_of
 from .ollama_api import normalize_dims, service
 from .service import Outcome, Service, collect, now_ns, parse_keep_alive
 
@@ -362,7 +362,7 @@ async def completions(body: CompletionBody, svc: Service = Depends(service)) -> 
 
 
 @router.post("/embeddings")
-async def embeddings(body: EmbeddingBody, svc: Service = Depends(service)) -> dict[str, Any]:
+async def embeddings(body: EmbeddingBody, svc: Service = Depends(service)) -> Response:
     t0 = now_ns()
     if not body.model:
         raise InvalidRequest("model is required")
@@ -382,15 +382,19 @@ async def embeddings(body: EmbeddingBody, svc: Service = Depends(service)) -> di
     if body.dimensions is not None and body.dimensions < 0:
         raise InvalidRequest("dimensions must be a positive number")
     vectors, count, _ = await svc.embed(body.model, texts, True, None, None, t0)
-    data = []
-    for index, vector in enumerate(vectors):
-        vector = normalize_dims(vector, body.dimensions)
-        value: Any = vector
-        if body.encoding_format == "base64":
-            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-        data.append({"object": "embedding", "embedding": value, "index": index})
-    return {"object": "list", "data": data, "model": body.model,
-            "usage": {"prompt_tokens": count, "total_tokens": count}}
+
+    def build() -> dict[str, Any]:
+        data = []
+        for index, vector in enumerate(vectors):
+            vector = normalize_dims(vector, body.dimensions)
+            value: Any = vector
+            if body.encoding_format == "base64":
+                value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "embedding": value, "index": index})
+        return {"object": "list", "data": data, "model": body.model,
+                "usage": {"prompt_tokens": count, "total_tokens": count}}
+
+    return await json_response(build)
 
 
 def _model_entry(stored: Any) -> dict[str, Any]:
