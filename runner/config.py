@@ -8,6 +8,7 @@ a warning. Call :func:`load` each time: the environment is read fresh, nothing i
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 11434
 DEFAULT_CONTEXT_LENGTH = 4096  # Ollama's tier for < 23 GiB of VRAM, i.e. any CPU machine
+DEFAULT_PULL_STALL_TIMEOUT = 60.0  # seconds a pull may go without progress (runner.store.registry)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Config:
     new_engine: bool
     origins: tuple[str, ...] = ()  # OLLAMA_ORIGINS, added to the default allowed origins
     pipeline: bool = False  # POLLAMA_PIPELINE: build the next batch while one decodes (runner.pipeline)
+    # POLLAMA_PULL_STALL_TIMEOUT: a pull fails when less than 1 KiB arrives in this many seconds
+    pull_stall_timeout: float = DEFAULT_PULL_STALL_TIMEOUT
 
     @property
     def base_url(self) -> str:
@@ -157,6 +161,21 @@ def parse_origins(raw: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _positive_duration(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration (``60``, ``90s``, ``2m``) that must be finite and more than zero; else the default."""
+    raw = _clean(env, name)
+    if not raw:
+        return default
+    try:
+        value = parse_duration(raw)
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError
+        return value
+    except ValueError:
+        log.warning("invalid %s=%r, using the default %gs", name, raw, default)
+        return default
+
+
 def load(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     host, port = parse_host(_clean(env, "OLLAMA_HOST"))
@@ -190,4 +209,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         new_engine=parse_bool(_clean(env, "OLLAMA_NEW_ENGINE")),
         origins=parse_origins(_clean(env, "OLLAMA_ORIGINS")),
         pipeline=parse_bool(_clean(env, "POLLAMA_PIPELINE")),
+        pull_stall_timeout=_positive_duration(env, "POLLAMA_PULL_STALL_TIMEOUT", DEFAULT_PULL_STALL_TIMEOUT),
     )
