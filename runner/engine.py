@@ -51,6 +51,13 @@ from .text import token_logprobs
 
 log = logging.getLogger(__name__)
 
+#: Prompt tokens one sequence may add to a batch while another sequence is about to sample (it
+#: is generating, or has at most this many prompt tokens left). On a CPU a batch costs about its
+#: token count, so a 512-token chunk of a long prompt made every token of the other streams wait
+#: for it (a 5-token answer beside a long prompt: 20-60 s instead of 0.1 s). Measured in
+#: bench/bench_shared_batch.py.
+SHARED_PROMPT_CHUNK = 64
+
 
 class _Push:
     """A sequence's output that hands each item to a callback instead of queuing it."""
@@ -315,13 +322,14 @@ class BatchRunner:
         """The next batch, built while no batch decodes: the capacity is shared in round-robin
         ``order`` (who comes first this time); a full slot is shifted first."""
         capacity = self.model_engine.batch_capacity
+        chunk = self._prompt_chunk()
         taken: list[_Row] = []
         total = 0
         for i in order:
             seq = self._seqs[i]
             if not isinstance(seq, Sequence):
                 continue
-            count = self._plan(i, seq, min(self.num_batch, capacity - total))
+            count = self._plan(i, seq, min(chunk, capacity - total))
             if count:
                 assert seq.slot is not None
                 total += count
@@ -334,6 +342,7 @@ class BatchRunner:
         ``running`` gets a placeholder for that token. None when a slot would need a shift
         (KV memory is not touched while a batch decodes): the next batch is built afterwards."""
         capacity = self.model_engine.batch_capacity
+        chunk = self._prompt_chunk()
         before = {row.seq: row for row in running.rows}
         taken: list[_Row] = []
         total = 0
@@ -348,7 +357,7 @@ class BatchRunner:
                 continue
             if pos >= self.num_ctx:
                 return self._undo(taken)
-            cap = min(self.num_batch, capacity - total)
+            cap = min(chunk, capacity - total)
             if cap <= 0:
                 continue
             if seq.inputs:
@@ -361,6 +370,15 @@ class BatchRunner:
             total += len(tokens)
             taken.append(_Row(i, seq, tokens, pos, samples=not seq.inputs))
         return self._engine_batch(taken)
+
+    def _prompt_chunk(self) -> int:
+        """The most inputs one sequence adds to the next batch: ``num_batch``, or
+        :data:`SHARED_PROMPT_CHUNK` while a sequence is about to sample (generating, or its
+        prompt nearly done), so that its next token does not wait for a long prompt's chunk."""
+        chunk = min(self.num_batch, SHARED_PROMPT_CHUNK)
+        if any(isinstance(s, Sequence) and len(s.inputs) <= chunk for s in self._seqs):
+            return chunk
+        return self.num_batch
 
     def _undo(self, taken: list[_Row]) -> None:
         """Give the rows' known tokens back to their sequences."""
