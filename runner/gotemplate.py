@@ -13,9 +13,10 @@ Data is plain Python: ``dict`` is a Go map (a missing key is *no value*, printed
 as Ollama's ``missingkey=zero`` over ``map[string]any`` does), :class:`Struct` a Go struct (an
 unknown field is an error), ``list``, ``str``, ``int``, ``float``, ``bool``, ``None`` (nil).
 
-Untrusted: a template is data from a Modelfile, a registry or a request. Parsing is linear and
-nesting is bounded; rendering ticks the budget for every action, loop step and call, checks the
-size of every string it builds before building it, and stops with one
+Untrusted: a template is data from a Modelfile, a registry or a request. Parsing is linear (a
+variable is found without scanning the others) and nesting is bounded; rendering ticks the
+budget for every action, loop step and call, checks the size of every string it builds before
+building it (and counts them all together), and stops with one
 :class:`~runner.api.InvalidRequest` line (or :class:`~runner.api.Cancelled`).
 """
 
@@ -377,11 +378,36 @@ def _number(text: str, line: int) -> int | float:
 _FUNCS_ALLOWED: set[str] = set()  # filled below, once the functions are defined
 
 
+class _Names:
+    """The variable names in scope while parsing: a stack, counted by name (a template that
+    declares thousands of variables does not make each use scan them all)."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = ["$"]
+        self.count: dict[str, int] = {"$": 1}
+
+    def __len__(self) -> int:
+        return len(self.stack)
+
+    def __contains__(self, name: object) -> bool:
+        return self.count.get(name, 0) > 0  # type: ignore[call-overload]
+
+    def extend(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.stack.append(name)
+            self.count[name] = self.count.get(name, 0) + 1
+
+    def __delitem__(self, cut: slice) -> None:  # del names[mark:]
+        for name in self.stack[cut]:
+            self.count[name] -= 1
+        del self.stack[cut]
+
+
 class _Parser:
     def __init__(self, src: str) -> None:
         self.toks = _lex(src)
         self.i = 0
-        self.vars: list[str] = ["$"]
+        self.vars = _Names()
         self.depth = 0
         self.loops = 0
 
@@ -909,10 +935,14 @@ def _slice(state: "_State", item: Any, *indexes: Any) -> Any:
     part = seq[lo:hi]
     if isinstance(item, str):
         return part.decode("utf-8", "surrogateescape")
-    return list(part)
+    return part if isinstance(part, list) else list(part)
 
 
-def _sprint(values: Sequence[Any]) -> str:
+def _sprint(values: Sequence[Any], state: "_State | None" = None, factor: int = 1) -> str:
+    """Go's Sprint; with ``state``, the result (``factor`` times, for what escapes it) is sized
+    before it is built."""
+    if state is not None:
+        state.check_size(factor * sum(state.budget.size(v) + 1 for v in values))
     out: list[str] = []
     for i, v in enumerate(values):
         if i and not isinstance(v, str) and not isinstance(values[i - 1], str):
@@ -986,6 +1016,7 @@ def _printf(state: "_State", fmt: Any = NO_VALUE, *args: Any) -> str:
         total += len(text)
         state.check_size(total)
     if argi < len(args):
+        state.check_size(total + len(fmt) + sum(budget.size(a) + 32 for a in args[argi:]))
         extra = ", ".join(f"{_type_name(a)}={to_text(a)}" for a in args[argi:])
         out.append(f"%!(EXTRA {extra})")
     return "".join(out)
@@ -1057,20 +1088,20 @@ def _json(state: "_State", value: Any = None) -> str:
 
 
 def _html_escape(state: "_State", *values: Any) -> str:
-    text = _sprint(values)
+    text = _sprint(values, state, 6)
     state.check_size(len(text) * 6)
     return (text.replace("&", "&amp;").replace("'", "&#39;").replace("<", "&lt;").replace(">", "&gt;")
             .replace('"', "&#34;").replace("\0", "\ufffd"))
 
 
 def _urlquery(state: "_State", *values: Any) -> str:
-    text = _sprint(values)
+    text = _sprint(values, state, 3)
     state.check_size(len(text) * 3)
     return urllib.parse.quote_plus(text, safe="")
 
 
 def _js(state: "_State", *values: Any) -> str:
-    text = _sprint(values)
+    text = _sprint(values, state, 6)
     state.check_size(len(text) * 6)
     out = []
     for ch in text:
@@ -1117,10 +1148,50 @@ class _Continue(Exception):
     pass
 
 
+class _Vars:
+    """The variables in scope as a template runs: Go's stack of (name, value), with each name's
+    values at hand, so that a use or an assignment does not scan the stack."""
+
+    def __init__(self, data: Any) -> None:
+        self.names: list[str] = ["$"]
+        self.values: dict[str, list[Any]] = {"$": [data]}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def append(self, item: tuple[str, Any]) -> None:
+        name, value = item
+        self.names.append(name)
+        self.values.setdefault(name, []).append(value)
+
+    def get(self, name: str) -> Any:
+        values = self.values.get(name)
+        if not values:
+            raise TemplateError(f'undefined variable "{name}"')
+        return values[-1]
+
+    def set(self, name: str, value: Any) -> None:
+        values = self.values.get(name)
+        if not values:
+            raise TemplateError(f'undefined variable "{name}"')
+        values[-1] = value
+
+    def __setitem__(self, pos: int, item: tuple[str, Any]) -> None:
+        """Set the variable at stack position ``pos`` (near the top: range's, per element)."""
+        name, value = item
+        depth = self.names[pos + 1:].count(name)
+        self.values[name][-1 - depth] = value
+
+    def __delitem__(self, cut: slice) -> None:  # del vars[mark:]
+        for name in reversed(self.names[cut]):
+            self.values[name].pop()
+        del self.names[cut]
+
+
 class _State:
     def __init__(self, budget: RenderBudget, data: Any) -> None:
         self.budget = budget
-        self.vars: list[tuple[str, Any]] = [("$", data)]
+        self.vars = _Vars(data)
         self.out: list[str] = []
 
     def check_size(self, n: int) -> None:
@@ -1128,17 +1199,10 @@ class _State:
 
     # variables
     def var(self, name: str) -> Any:
-        for vname, value in reversed(self.vars):
-            if vname == name:
-                return value
-        raise TemplateError(f'undefined variable "{name}"')
+        return self.vars.get(name)
 
     def set_var(self, name: str, value: Any) -> None:
-        for k in range(len(self.vars) - 1, -1, -1):
-            if self.vars[k][0] == name:
-                self.vars[k] = (name, value)
-                return
-        raise TemplateError(f'undefined variable "{name}"')
+        self.vars.set(name, value)
 
     # walking
     def walk(self, dot: Any, nodes: list[Any]) -> None:
@@ -1286,8 +1350,10 @@ class _State:
             result = _FUNCS[name](self, *args)
         except TemplateError as err:
             raise TemplateError(f"line {line}: {err}") from None
-        if isinstance(result, (str, list)):
-            self.check_size(self.budget.size(result))
+        if isinstance(result, str):
+            self.budget.check_built(len(result))
+        elif isinstance(result, list):  # slice's: in Go a view of its operand (no larger), here a
+            self.budget.built(len(result))  # list of its items: as many references
         return result
 
 
@@ -1303,7 +1369,8 @@ def _node_text(node: Any) -> str:
 
 
 def execute(template: Template, data: Any, budget: RenderBudget) -> str:
-    """Render a parsed template with ``data`` as ``.``, within ``budget`` (already started)."""
+    """Render a parsed template with ``data`` as ``.``, within ``budget`` (already started and
+    charging: call it inside :func:`~runner.sandbox.run_bounded`)."""
     state = _State(budget, data)
     try:
         state.walk(data, list(template.nodes))
@@ -1315,8 +1382,9 @@ def execute(template: Template, data: Any, budget: RenderBudget) -> str:
 
 
 def render(source: str | Template, data: Any, budget: RenderBudget, input_chars: int) -> str:
-    """Parse (if needed) and render within ``budget``, whose size limits follow ``input_chars``.
+    """Parse (if needed: charged to the budget) and render within ``budget``, whose size limits
+    follow ``input_chars``.
     Raises InvalidRequest (a TemplateError) for a template that fails or overruns, Cancelled when
     the budget's cancel event is set."""
-    template = parse(source) if isinstance(source, str) else source
-    return run_bounded(budget, input_chars, lambda: execute(template, data, budget))
+    return run_bounded(budget, input_chars,
+                       lambda: execute(parse(source) if isinstance(source, str) else source, data, budget))

@@ -142,17 +142,22 @@ def render(source: str, messages: Sequence[Message], budget: RenderBudget, tools
     """The prompt for ``messages`` (offering ``tools``, reasoning as ``think`` asks) by Ollama's
     rules, within ``budget``. Raises InvalidRequest for a template that does not parse, fails or
     overruns; Cancelled on the budget's event."""
-    template, uses_messages = _parse(source)
     input_chars = len(source) + sum(len(m.content) + len(m.thinking) for m in messages)
     input_chars += sum(len(json.dumps(c.arguments)) for m in messages for c in m.tool_calls)
     input_chars += sum(len(json.dumps(t.parameters)) + len(t.description) + len(t.name) for t in tools)
+    return run_bounded(budget, input_chars, lambda: _render(source, messages, budget, tools, think))
+
+
+def _render(source: str, messages: Sequence[Message], budget: RenderBudget, tools: Sequence[Tool],
+            think: bool | str | None) -> str:
+    template, uses_messages = _parse(source)  # inside the budget: parsing a new template counts
     system, merged = _collate(messages)
     flags = _think(think)
     if uses_messages:
         data = {"System": system, "Messages": [_message(m) for m in merged],
                 "Tools": JSONList(_tool(t) for t in tools) or None, "Response": "", **flags}
-        return gotemplate.render(template, data, budget, input_chars)
-    return run_bounded(budget, input_chars, lambda: _render_exchanges(template, merged, budget, flags))
+        return gotemplate.execute(template, data, budget)
+    return _render_exchanges(template, merged, budget, flags)
 
 
 def _render_exchanges(template: Template, messages: list[Message], budget: RenderBudget,

@@ -7,12 +7,14 @@ nested ``range`` loops, recursion through macros, ``'x' * 10**9``, ``center(10**
 doubled in a loop. Here the parsed template is rewritten so that each ``{% for %}`` step, each
 ``{{ … }}`` and each ``~`` goes through the budget, the sandbox's hooks (calls, ``*`` ``**``
 ``+`` ``%``, ``str.format``) and every filter check sizes before they build anything, and the
-CPU time and the caller's cancel event are looked at every 256 steps. An overrun stops the render
-with one :class:`InvalidRequest` line (or :class:`Cancelled`).
+CPU time and the caller's cancel event are looked at every millisecond (of wall time, whatever
+the steps cost), and all the values one render builds are counted together. An overrun stops the
+render with one :class:`InvalidRequest` line (or :class:`Cancelled`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -35,7 +37,8 @@ from markupsafe import EscapeFormatter, Markup
 
 from .api import Cancelled, InvalidRequest
 
-__all__ = ["DEFAULT_LIMITS", "RenderBudget", "RenderLimits", "compile_template", "render", "run_bounded"]
+__all__ = ["DEFAULT_LIMITS", "BudgetExceeded", "RenderBudget", "RenderLimits", "compile_template", "render",
+           "run_bounded", "sharing"]
 
 
 # ------------------------------------------------------------------------------ render budget
@@ -47,11 +50,14 @@ class RenderLimits:
     ``cpu_seconds`` of the rendering thread's CPU time (every render of one prompt together:
     history truncation renders several); ``base_chars + per_input_char × input`` characters for
     the output and for any one value the template builds, where input counts the message
-    contents and the template itself; numbers up to ``max_bits`` bits."""
+    contents and the template itself, and ``built_factor`` times that for all the values one
+    render builds together (what it keeps in variables, lists or macro frames and what it
+    drops: the memory a render may take); numbers up to ``max_bits`` bits."""
 
     cpu_seconds: float = 2.0
     base_chars: int = 1 << 20
     per_input_char: int = 4
+    built_factor: int = 16
     max_bits: int = 1 << 16
 
 
@@ -66,45 +72,125 @@ class _Overrun(BaseException):
         self.error = error
 
 
+class BudgetExceeded(InvalidRequest):
+    """A render ran out of its CPU time (the one InvalidRequest that says the budget, not the
+    template's text, stopped it: the same template may fit a fresh budget)."""
+
+
+class _Allowance:
+    """CPU seconds that the renders drawing on one budget have spent, from whichever threads
+    they ran on (a request's feature probes in one thread, its prompt in another)."""
+
+    __slots__ = ("limit", "spent")
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.spent = 0.0
+
+
 class RenderBudget:
     """One prompt's allowance, checked by the bounded environment as a template runs: a tick for
-    every loop step, call, operator and piece of output (CPU time and the cancel event are looked
-    at every 256), and a size check before anything that builds a string or a list."""
+    every loop step, call, operator and piece of output, and a size check before anything that
+    builds a string or a list.
 
-    _EVERY = 256
+    Time: a tick looks at the wall clock (cheap); every :attr:`POLL_SECONDS` of it, the render
+    hands the GIL to any thread that waits for it, looks at the cancel event and charges the
+    rendering thread's CPU time since the last look to the allowance. So an overrun stops about
+    a millisecond of CPU past the limit, however much or little one tick costs (a count of ticks
+    is not a measure of time: one tick may cost a microsecond or a millisecond), and the event
+    loop and the batch loop get the GIL within about that long. Only time spent inside renders
+    (parsing and compiling included) is charged, on whichever thread runs them (one at a time):
+    history truncation's renders, and the feature probes of a request (see :func:`sharing`),
+    draw on one allowance."""
+
+    POLL_SECONDS = 0.001
 
     def __init__(self, limits: RenderLimits = DEFAULT_LIMITS, cancel: threading.Event | None = None) -> None:
+        shared = _shared.get()
         self.limits = limits
         self.cancel = cancel
-        self.cpu_deadline = time.thread_time() + limits.cpu_seconds
+        if shared is not None:  # a budget made inside sharing(): the request's allowance
+            self._allowance = shared._allowance
+            outer = shared._cancels
+        else:
+            self._allowance = _Allowance(limits.cpu_seconds)
+            outer = ()
+        self._cancels = tuple(dict.fromkeys(e for e in (cancel, *outer) if e is not None))
+        self._mark: float | None = None  # the rendering thread's CPU clock when last charged
+        self._next_poll = 0.0
         self.max_chars = limits.base_chars
-        self._ticks = 0
         self._emitted = 0
+        self._built = 0
         self._sizes: dict[int, tuple[Any, int]] = {}
 
     def start(self, input_chars: int) -> None:
         """A new render of a prompt whose inputs hold ``input_chars`` characters."""
         self.max_chars = self.limits.base_chars + self.limits.per_input_char * input_chars
         self._emitted = 0
+        self._built = 0
         self._sizes.clear()
+
+    @property
+    def cpu_limit(self) -> float:
+        """The CPU seconds the allowance grants (a shared one: the budget it shares)."""
+        return self._allowance.limit
+
+    @property
+    def cpu_spent(self) -> float:
+        """CPU seconds charged so far (the renders that ended, and the one running up to its
+        last poll)."""
+        return self._allowance.spent
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        """Charge the CPU time this thread spends inside to the allowance (a nested use is
+        part of the outer one); for :func:`render` and :func:`run_bounded`, which turn the
+        overrun it raises at once when the allowance is spent into BudgetExceeded."""
+        if self._mark is not None:
+            yield
+            return
+        self._mark = time.thread_time()
+        self._next_poll = 0.0
+        try:
+            self.check()
+            yield
+        finally:
+            self._charge()
+            self._mark = None
+
+    def _charge(self) -> None:
+        if self._mark is not None:
+            now = time.thread_time()
+            self._allowance.spent += now - self._mark
+            self._mark = now
 
     # --- time ---------------------------------------------------------------------------------
     def tick(self) -> None:
-        self._ticks += 1
-        if self._ticks % self._EVERY == 0:
-            self.check_time()
+        if _wall() >= self._next_poll:
+            self.poll()
 
-    def check_time(self) -> None:
-        # Let the process's other threads run: a thread that renders for seconds would otherwise
-        # keep the GIL for 5 ms at a time against every thread that wakes up (the event loop,
-        # the batch loop), and the server's other clients would wait on the render.
+    def poll(self) -> None:
+        """Let the process's other threads run, then stop the render if it is cancelled or out
+        of CPU time."""
+        # A thread that renders for seconds would otherwise keep the GIL for 5 ms (Python's
+        # switch interval) at a time against every thread that wakes up: the event loop, the
+        # batch loop, whose every ctypes call gives the GIL up and must take it back. sleep(0)
+        # hands it over for sure (~0.08 ms; os.sched_yield is shorter but lets a GIL-hungry
+        # thread starve the render, which then holds its memory for many times its budget).
         time.sleep(0)
-        if self.cancel is not None and self.cancel.is_set():
-            raise _Overrun(Cancelled("template rendering was cancelled"))
-        if time.thread_time() > self.cpu_deadline:
-            raise _Overrun(InvalidRequest(
+        self._next_poll = _wall() + self.POLL_SECONDS
+        self.check()
+
+    def check(self) -> None:
+        """Stop the render (from inside it) if it is cancelled or out of CPU time."""
+        for event in self._cancels:
+            if event.is_set():
+                raise _Overrun(Cancelled("template rendering was cancelled"))
+        self._charge()
+        if self._allowance.spent > self._allowance.limit:
+            raise _Overrun(BudgetExceeded(
                 f"chat template error: rendering took more than its time budget "
-                f"({self.limits.cpu_seconds:g} s of CPU): a loop or a recursion too long"))
+                f"({self._allowance.limit:g} s of CPU): a loop or a recursion too long"))
 
     # --- sizes --------------------------------------------------------------------------------
     def too_big(self, what: str) -> _Overrun:
@@ -114,6 +200,22 @@ class RenderBudget:
     def check_chars(self, n: int, what: str = "the template builds a value of") -> None:
         if n > self.max_chars:
             raise self.too_big(what)
+
+    def built(self, n: int) -> None:
+        """Count a value of ``n`` characters that the template built (checked before it was
+        built, or right after for what is never larger than its inputs by much): all of one
+        render's values together stay within ``built_factor`` times the size limit, so a
+        template cannot hold gigabytes in many values that are each small enough."""
+        self._built += n
+        if self._built > self.limits.built_factor * self.max_chars:
+            raise _Overrun(InvalidRequest(
+                f"chat template error: the template builds values of more than "
+                f"{self.limits.built_factor * self.max_chars} characters in all"))
+
+    def check_built(self, n: int, what: str = "the template builds a value of") -> None:
+        """:meth:`check_chars` then :meth:`built`: a value about to be built."""
+        self.check_chars(n, what)
+        self.built(n)
 
     def check_bits(self, bits: int) -> None:
         if bits > self.limits.max_bits:
@@ -196,6 +298,20 @@ class RenderBudget:
 
 
 _budget: ContextVar[RenderBudget | None] = ContextVar("pollama_render_budget", default=None)
+_shared: ContextVar[RenderBudget | None] = ContextVar("pollama_shared_budget", default=None)
+_wall = time.perf_counter
+
+
+@contextlib.contextmanager
+def sharing(budget: RenderBudget) -> Iterator[RenderBudget]:
+    """Inside (this thread, this context), every new :class:`RenderBudget` draws on ``budget``'s
+    CPU allowance and also stops on its cancel event: the renders one request makes in several
+    places (its template's feature probes, its prompt, history truncation) share one budget."""
+    token = _shared.set(budget)
+    try:
+        yield budget
+    finally:
+        _shared.reset(token)
 
 
 class _NoBudget(Exception):
@@ -212,18 +328,22 @@ def _current(get: Callable[[], RenderBudget | None] = _budget.get) -> RenderBudg
 
 # ------------------------------------------------------------------------ checks per operation
 _WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "to_bytes"}
-_PRINTF_SPEC = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
+_PRINTF_SPEC = re.compile(r"%(?:\(([^)]*)\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
 _DIGITS = re.compile(r"\d+")
 
 
 def _check_printf(budget: RenderBudget, fmt: str, args: Any) -> None:
-    """``fmt % args``: its field widths and precisions, and what it formats."""
-    widths = 0
-    for width, precision in _PRINTF_SPEC.findall(fmt):
+    """``fmt % args``: its field widths and precisions, and what it formats (a mapping's value
+    once for each field that names it)."""
+    widths = by_key = 0
+    for key, width, precision in _PRINTF_SPEC.findall(fmt):
         widths += sum(int(n) for n in (width, precision) if n and n != "*")
+        if key and isinstance(args, Mapping):
+            by_key += budget.size(args.get(key))
+            budget.check_chars(by_key)
     values = args if isinstance(args, tuple) else (args,)
     stars = sum(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0)
-    budget.check_chars(len(fmt) + widths + stars + sum(budget.size(v) for v in values))
+    budget.check_built(len(fmt) + widths + stars + by_key + sum(budget.size(v) for v in values))
 
 
 def _check_binop(budget: RenderBudget, operator: str, left: Any, right: Any) -> None:
@@ -237,10 +357,10 @@ def _check_binop(budget: RenderBudget, operator: str, left: Any, right: Any) -> 
         elif isinstance(left, int) or isinstance(right, int):
             seq, n = (right, left) if isinstance(left, int) else (left, right)
             if isinstance(seq, (str, list, tuple, bytes)) and n > 0:
-                budget.check_chars(budget.size(seq) * n)
+                budget.check_built(budget.size(seq) * n)
     elif operator == "+":
         if not ints:
-            budget.check_chars(budget.size(left) + budget.size(right))
+            budget.check_built(budget.size(left) + budget.size(right))
     elif operator == "%":
         if isinstance(left, str):
             _check_printf(budget, left, right)
@@ -260,22 +380,30 @@ def _check_method(budget: RenderBudget, method: Any, args: tuple, kwargs: dict) 
         tab = b"\t" if isinstance(owner, bytes) else "\t"
         budget.check_chars(len(owner) + owner.count(tab) * max(numbers, default=8))
     elif name == "replace" and isinstance(owner, (str, bytes)) and len(args) >= 2:
-        old, new = args[0], args[1]
-        if isinstance(old, type(owner)) and isinstance(new, type(owner)):
-            count = (len(owner) + 1) if not old else owner.count(old)
-            budget.check_chars(len(owner) + count * max(len(new) - len(old), 0))
+        _check_replace(budget, owner, args[0], args[1])
     elif name == "join" and isinstance(owner, (str, bytes)) and args:
         items = args[0]
         if isinstance(items, (list, tuple, set, frozenset, dict)):
             budget.check_chars(budget.size(items) + len(owner) * len(items))
 
 
+def _check_replace(budget: RenderBudget, text: Any, old: Any, new: Any) -> None:
+    """``text.replace(old, new)``: each occurrence of ``old`` may grow it by ``new``."""
+    if isinstance(text, (str, bytes)) and isinstance(old, type(text)) and isinstance(new, type(text)):
+        count = (len(text) + 1) if not old else text.count(old)
+        budget.check_chars(len(text) + count * max(len(new) - len(old), 0))
+
+
 class _BoundedFormatter(SandboxedFormatter):
-    """``str.format`` in templates: the sandbox's formatter, with field widths bounded."""
+    """``str.format`` in templates: the sandbox's formatter, with field widths bounded and the
+    fields of one call counted together (``'{0}{0}{0}…'.format(big)``)."""
+
+    _total = 0
 
     def format_field(self, value: Any, format_spec: str) -> Any:
         budget = _current()
-        budget.check_chars(sum(int(n) for n in _DIGITS.findall(format_spec)) + budget.size(value))
+        self._total += sum(int(n) for n in _DIGITS.findall(format_spec)) + budget.size(value)
+        budget.check_chars(self._total)
         return super().format_field(value, format_spec)
 
 
@@ -310,8 +438,10 @@ def _bounded_filter(name: str, fn: Callable) -> Callable:
         elif name == "join" and values:
             joiner = params[0] if params and isinstance(params[0], str) else ""
             budget.check_chars(budget.size(values[0]) * (1 + len(joiner)))
+        elif name == "replace" and len(values) >= 3:
+            _check_replace(budget, values[0], values[1], values[2])
         result = fn(*args, **kwargs)
-        budget.check_chars(budget.size(result), "a filter returns")
+        budget.check_built(budget.size(result), "a filter returns")
         return result
 
     return bounded
@@ -346,8 +476,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         budget = _current()
         if operator == "+" and type(left) is str and type(right) is str:  # most of a chat template
-            if len(left) + len(right) > budget.max_chars:
-                raise budget.too_big("the template builds a value of")
+            budget.check_built(len(left) + len(right))
             return left + right
         budget.tick()
         _check_binop(budget, operator, left, right)
@@ -362,7 +491,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _check_method(budget, __obj, args, kwargs)
         result = super().call(__context, __obj, *args, **kwargs)
         if isinstance(result, (str, bytes, list, tuple, dict)):
-            budget.check_chars(budget.size(result), "a call returns")
+            budget.check_built(budget.size(result), "a call returns")
         return result
 
     def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
@@ -389,7 +518,7 @@ def _emit(value: Any) -> str:
 def _concat(*values: Any) -> str:
     """``a ~ b ~ …``, checked before it is built."""
     budget = _current()
-    budget.check_chars(sum(budget.size(v) for v in values))
+    budget.check_built(sum(budget.size(v) for v in values))
     return "".join(v if isinstance(v, str) else str(v) for v in values)
 
 
@@ -459,18 +588,19 @@ def compile_template(source: str) -> jinja2.Template:
 
 def render(source: str, budget: RenderBudget, input_chars: int, context: Mapping[str, Any]) -> str:
     """Render ``source`` with ``context`` within ``budget``, whose size limits follow
-    ``input_chars`` (what the template is given, itself included). Raises InvalidRequest for a
-    template that fails or overruns, Cancelled when the budget's cancel event is set."""
-    template = compile_template(source)
-    budget.start(input_chars)
+    ``input_chars`` (what the template is given, itself included); compiling it (when it is not
+    cached) is charged to the budget too. Raises InvalidRequest for a template that fails or
+    overruns (BudgetExceeded for the time), Cancelled when the budget's cancel event is set."""
     token = _budget.set(budget)
     try:
-        if budget.cancel is not None and budget.cancel.is_set():
-            raise Cancelled("template rendering was cancelled")
-        return template.render(**context)
+        with budget.drawing():
+            template = compile_template(source)
+            budget.start(input_chars)
+            budget.check()  # compiling counts
+            return template.render(**context)
     except _Overrun as stop:
         raise stop.error from None
-    except InvalidRequest:
+    except (InvalidRequest, Cancelled):
         raise
     except Exception as err:  # a template is user data: any failure in it is bad input
         raise InvalidRequest(f"chat template error: {_one_line(err)}") from None
@@ -485,13 +615,13 @@ def _one_line(err: Exception) -> str:
 
 def run_bounded(budget: RenderBudget, input_chars: int, fn: Callable[[], str]) -> str:
     """Run a renderer of another template language (:mod:`runner.gotemplate`) within ``budget``:
-    the size limits follow ``input_chars``; an overrun, a failure in the template, or the
-    cancel event end it with one InvalidRequest line (Cancelled for the event)."""
-    budget.start(input_chars)
-    if budget.cancel is not None and budget.cancel.is_set():
-        raise Cancelled("template rendering was cancelled")
+    the size limits follow ``input_chars``; the CPU time ``fn`` takes (parsing included) is
+    charged; an overrun, a failure in the template, or the cancel event end it with one
+    InvalidRequest line (BudgetExceeded for the time; Cancelled for the event)."""
     try:
-        return fn()
+        with budget.drawing():
+            budget.start(input_chars)
+            return fn()
     except _Overrun as stop:
         raise stop.error from None
     except (InvalidRequest, Cancelled):
