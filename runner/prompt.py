@@ -28,10 +28,10 @@ from typing import Any, Callable, Sequence
 
 from . import chattemplates, ollamatemplate, sandbox
 from .api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool
-from .sandbox import DEFAULT_LIMITS, RenderBudget, RenderLimits
+from .sandbox import DEFAULT_LIMITS, BudgetExceeded, RenderBudget, RenderLimits, sharing
 
-__all__ = ["DEFAULT_LIMITS", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt", "model_template",
-           "render", "render_plain", "render_template", "request_template", "select"]
+__all__ = ["DEFAULT_LIMITS", "BudgetExceeded", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt",
+           "model_template", "render", "render_plain", "render_template", "request_template", "select", "sharing"]
 
 
 _GO_MARKER = re.compile(r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with)\s+[.$(]|(?:end|else)\s*-?\}\}|else\s+(?:if|with)\s)")

@@ -7,6 +7,7 @@ with these options" to a stream of runner chunks with Ollama's metrics filled in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import threading
@@ -94,11 +95,21 @@ def fit_to_runner(request: Request, model: LoadedModel) -> None:
             raise InvalidRequest(f"invalid context: token ids must be in [0, {n_vocab})")
 
 
-def check_features(name: str, request: Request) -> None:
+def check_features(name: str, request: Request, budget: prompt.RenderBudget | None = None) -> None:
     """Refuse what the model's template cannot do, with Ollama's messages: tools it does not
-    render, reasoning it does not have (``think`` asked for; unset is fine)."""
+    render, reasoning it does not have (``think`` asked for; unset is fine), and a template whose
+    feature probes alone ran out of the render budget. Probing a template not seen before
+    renders it: call this off the event loop, with the request's render ``budget``, which the
+    probes draw on (and the request's ``cancel`` stops)."""
     assert request.chat_template is not None
-    found = templatefeatures.features(request.chat_template)
+    try:
+        with prompt.sharing(budget) if budget is not None else contextlib.nullcontext():
+            found = templatefeatures.features(request.chat_template)
+    except Cancelled:
+        log.info("template rendering cancelled: the request was cancelled")
+        raise
+    if found.over_budget:
+        raise prompt.BudgetExceeded(found.over_budget)
     if request.tools and request.tool_choice.mode != "none" and found.tools is None:
         raise InvalidRequest(f'"{name}" does not support tools')
     if found.thinking is None and think_on(request.think, False):
@@ -161,8 +172,13 @@ class Service:
         if chat and defaults.messages:  # the model's MESSAGEs start every conversation
             request.messages = store.starting_messages(defaults, list(request.messages or []))
         # chosen for the model named: models with one GGUF share a runner, not their TEMPLATE
-        request.chat_template = prompt.select(request.template, resolved.info)
-        check_features(name, request)
+        budget = prompt.RenderBudget(cancel=request.cancel)  # one for the probes and the prompt
+
+        def choose() -> None:  # parsing and probing a template: never on the event loop
+            request.chat_template = prompt.select(request.template, resolved.info)
+            check_features(name, request, budget)
+
+        await in_thread(choose)
         check_top_logprobs(request.top_logprobs)
         model = await self.scheduler.acquire(resolved, request.options, keep_alive)
         outcome.model = model
@@ -174,7 +190,8 @@ class Service:
 
             def begin(deliver: Callable[[Any], None]) -> None:
                 try:
-                    runner.submit(request, chat, deliver)
+                    with prompt.sharing(budget):  # the prompt's renders get what the probes left
+                        runner.submit(request, chat, deliver)
                 except Cancelled:  # the client left (or the server stops) while its prompt rendered
                     log.info("template rendering cancelled: the request was cancelled")
                     raise
