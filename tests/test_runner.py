@@ -480,7 +480,7 @@ def test_cancelling_an_embedding_stops_its_work_and_frees_its_slot(engine, monke
     r = load(STORIES, engine, num_ctx=512, num_batch=32)
     try:
         counter = _DecodeCounter(r, monkeypatch)
-        texts = ["Once upon a time there was a little girl " * 6] * 400  # ~2 inputs a decode
+        texts = [f"{i} " + "Once upon a time there was a little girl " * 6 for i in range(400)]  # ~2 a decode
         cancel = threading.Event()
         counter.cancel_at = (10, cancel)  # the client leaves during the 10th of ~200 decodes
         with pytest.raises(Cancelled):

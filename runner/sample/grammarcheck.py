@@ -89,7 +89,7 @@ class GrammarCheck:
             assert child.stdin is not None and child.stdout is not None
             child.stdin.write(line.encode())
             child.stdin.flush()
-            reply = self._read(child, cancel)
+            reply = self._read(child, where, cancel)
         except OSError:
             reply = b""
         except BaseException:
@@ -103,7 +103,7 @@ class GrammarCheck:
         self._give_back(child)
         return json.loads(reply)
 
-    def _read(self, child: subprocess.Popen, cancel: threading.Event | None) -> bytes:
+    def _read(self, child: subprocess.Popen, where: str, cancel: threading.Event | None) -> bytes:
         """The child's answer line; b"" if it ended. Raises Cancelled, or InvalidRequest past the
         time limit (the child is then killed by the caller)."""
         assert child.stdout is not None
@@ -115,7 +115,7 @@ class GrammarCheck:
                 raise Cancelled("the request was cancelled while its grammar was built")
             left = deadline - time.monotonic()
             if left <= 0:
-                raise InvalidRequest(f"the grammar took longer than {self.timeout:g} s to build")
+                raise InvalidRequest(f"the grammar for {where} took longer than {self.timeout:g} s to build")
             ready, _, _ = select.select([fd], [], [], min(left, 0.05))
             if not ready:
                 continue
