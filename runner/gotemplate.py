@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .api import InvalidRequest
-from .sandbox import RenderBudget, run_bounded
+from .sandbox import RenderBudget, check_source, run_bounded
 
 __all__ = ["NO_VALUE", "JSONList", "JSONMap", "Struct", "Template", "TemplateError", "parse", "render"]
 
@@ -719,7 +719,9 @@ def _pipe_identifiers(pipe: Pipe, out: set[str]) -> None:
 
 @functools.lru_cache(maxsize=32)
 def parse(source: str) -> Template:
-    """Parse ``source`` (cached). Raises TemplateError with the line it failed on."""
+    """Parse ``source`` (cached). Raises TemplateError with the line it failed on, or
+    InvalidRequest for a text over the sandbox's size bound."""
+    check_source(source)
     try:
         return Template(tuple(_Parser(source).parse()))
     except RecursionError:

@@ -120,6 +120,16 @@ def test_a_template_that_builds_gigabytes_is_a_400(server):
     assert "characters" in response.json()["error"]
 
 
+@pytest.mark.parametrize("template", ["{{ .Prompt }}" + "{{/* padding */}}" * 5000,
+                                      "{{ messages }}" + "{# padding #}" * 6000], ids=["go", "jinja"])
+def test_a_template_text_over_64_kib_is_a_400_at_once(server, template):
+    started = time.monotonic()
+    response = _generate(server.url, template)
+    assert response.status_code == 400
+    assert f"the template is {len(template)} characters, over the limit of 65536" in response.json()["error"]
+    assert time.monotonic() - started < 1.5  # never compiled
+
+
 # Loops forever on a real conversation, not on the feature probes' (which then pass at once).
 SLY = "{% if messages[0].content != 'pollama probe question' %}" + FOREVER + "{% endif %}"
 
