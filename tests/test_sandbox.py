@@ -143,14 +143,16 @@ def test_a_go_template_cannot_hoard_memory(name):
 
 
 def test_many_go_variables_cost_no_more_per_use():
-    """A use of a variable does not scan the variables declared before it, parsing (the last
-    one declared) or running (the first): 10000 of each, well inside the budget."""
-    n = 10000
+    """As many variables and uses as fit in a template's 64 KiB (1700 of each) render well
+    inside the budget: a use does not scan the variables declared before it, parsing (the last
+    one declared) or running (the first). (Scanning cost 3.3 s for 10,000 before texts were
+    bounded; at this size it costs ~0.1 s, so this guards the size, not the scan.)"""
+    n = 1700
     source = "".join(f"{{{{$v{i} := {i}}}}}" for i in range(n)) + f"{{{{ $v{n - 1} }}}}{{{{ $ }}}}" * n
     t0 = time.thread_time()
     out = gotemplate.render(source, "d", RenderBudget(), len(source))
     assert out == f"{n - 1}d" * n
-    assert time.thread_time() - t0 < 1.2
+    assert time.thread_time() - t0 < 0.5
 
 
 def test_go_variables_keep_their_scopes():
