@@ -111,8 +111,14 @@ class Prompter:
         return tokenize
 
     def prepare(self, request: Request, chat: bool) -> Sequence:
-        """The sequence for ``request`` (``chat``: its messages, else its prompt). Raises
-        InvalidRequest / PromptTooLong / Cancelled (rendering was cancelled)."""
+        """The sequence for ``request`` (``chat``: its messages, else its prompt). Its renders
+        (the prompt's, history truncation's, the template's feature probes) share one render
+        budget, or the caller's when it shares one already. Raises InvalidRequest /
+        PromptTooLong / Cancelled (rendering was cancelled)."""
+        with _prompt.sharing(_prompt.RenderBudget(cancel=request.cancel)):
+            return self._prepare(request, chat)
+
+    def _prepare(self, request: Request, chat: bool) -> Sequence:
         t0 = time.perf_counter_ns()
         chosen = self.template(request.chat_template or request.template)
         if _images.has_images(request.messages if chat else None, () if chat else request.images) \
