@@ -1,5 +1,5 @@
 """What checking a GGUF before loading costs: `runner.model_info` is the header read plus the rules
-of runner/ggufcheck.py (the vocabulary is read once more, for duplicate tokens). Prints a Markdown
+of runner/loading/ggufcheck.py (the vocabulary is read once more, for duplicate tokens). Prints a Markdown
 table of medians of interleaved runs.
 
     python bench/bench_model_check.py --runs 20
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's runner, not an installed one
 
-from runner import ggufcheck, ggufmeta  # noqa: E402
+from runner.loading import ggufcheck, ggufmeta  # noqa: E402
 from runner.store import default_model_path  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 
 from runner import model_template
 from runner.api import ModelInfo, PollamaError
-from runner.ggufmeta import read_gguf_header
+from runner.loading.ggufmeta import read_gguf_header
 from runner.templatefeatures import capabilities
 from runner.store import StoredModel
 

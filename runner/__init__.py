@@ -12,7 +12,9 @@ import logging
 import time
 
 from . import config as _config
-from . import ggufcheck, ggufmeta, loadplan, store
+from . import store
+from .loading import ggufcheck, ggufmeta
+from .loading import plan as loadplan
 from .api import (
     Chunk,
     DoneReason,
@@ -32,7 +34,7 @@ from .api import (
 )
 from .engine import BatchRunner
 from .enginespec import Engine
-from .loadplan import LoadOptions, checked_options, resolve_load_options
+from .loading.plan import LoadOptions, checked_options, resolve_load_options
 from .pipeline import InlineDecoder, ThreadDecoder
 from .prompt import model_template
 
@@ -54,7 +56,7 @@ _FILE_TYPES = {
 
 def model_info(stored: store.StoredModel, projector: str | None = None) -> ModelInfo:
     """Read what a GGUF says about itself (fast: arrays are skipped) and check that the engines can
-    load it (``runner.ggufcheck``). Raises InvalidModel with one line. The vision projector is
+    load it (``runner.loading.ggufcheck``). Raises InvalidModel with one line. The vision projector is
     ``projector`` (``--mmproj``) or the store entry's ``projector`` layer."""
     header = ggufmeta.read_gguf_header(stored.path)
     ggufcheck.check_model(header, stored.path)

@@ -241,7 +241,7 @@ def test_memory_reservation_and_ps_size_cover_the_window_cache(gemma3: Path) -> 
     real KV bytes equal the plan's, and both are far below a full-history cache."""
     import dataclasses
 
-    from runner import loadplan
+    from runner.loading import plan as loadplan
     from runner import model_info as read_info
     from runner import store
 

@@ -1,6 +1,6 @@
 """Malformed GGUF files (tests/malformed_gguf.py) never kill, hang or confuse: `pollama run` and
 `pollama show` exit 1 with one line, and a real `pollama serve` answers 400 and keeps serving, on
-both engines. The rules live in runner/ggufmeta.py (structure) and runner/ggufcheck.py (meaning).
+both engines. The rules live in runner/loading/ggufmeta.py (structure) and runner/loading/ggufcheck.py (meaning).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 import runner
-from runner import config, ggufmeta, store
+from runner import config, store
+from runner.loading import ggufmeta
 from tests.conftest import STORIES, TINYSTORIES
 from tests.malformed_gguf import generate
 from tests.serverproc import ServerProcess

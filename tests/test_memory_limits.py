@@ -1,4 +1,4 @@
-"""What a load asks of the machine is decided before anything is allocated (runner/loadplan.py):
+"""What a load asks of the machine is decided before anything is allocated (runner/loading/plan.py):
 an oversized num_ctx or OLLAMA_NUM_PARALLEL fails in a moment with one line on both engines, a
 real server refuses it and keeps serving without keeping the memory, and a quantized KV cache
 that does not fit the model's heads is refused the same way by both engines."""

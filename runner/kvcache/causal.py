@@ -112,7 +112,7 @@ class CausalCache:
             self._config = backend.cache_config()
         if dtype not in ("f16", "f32") and self._config.permuted_v:
             raise ValueError(f"KV cache type {dtype} needs flash attention (V not permuted): "
-                             "runner.loadplan.kv_cache_type decides the type a load uses")
+                             "runner.loading.plan.kv_cache_type decides the type a load uses")
         self.backend = backend
         self.dtype = dtype
         self._element_base = {}

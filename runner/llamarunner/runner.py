@@ -21,11 +21,11 @@ from typing import Any, Iterator
 import llama_cpp as L
 import numpy as np
 
-from .. import ggufmeta
+from ..loading import ggufmeta
 from ..api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
 from ..embedding import MAX_LANES, batch_size
 from ..inputcache import ImageInput, Input
-from ..loadplan import LoadOptions
+from ..loading.plan import LoadOptions
 from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
 from . import topk
@@ -178,7 +178,7 @@ class LlamaEngine:
         cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
         cparams.swa_full = False  # sliding-window layers keep their window, not the whole context
         cparams.no_perf = True
-        # flash attention and the KV cache type as runner.loadplan resolved them
+        # flash attention and the KV cache type as runner.loading.plan resolved them
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if load.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[load.kv_cache_type]
         with _capture_llama_log() as captured:

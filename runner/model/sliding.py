@@ -1,5 +1,5 @@
 """Which layers attend through a sliding window, and how far: one rule for the model code
-(``models/gemma3.py`` builds its caches from it) and the load plan (``runner/loadplan.py`` sizes
+(``models/gemma3.py`` builds its caches from it) and the load plan (``runner/loading/plan.py`` sizes
 the memory from it). Pure Python over GGUF metadata.
 """
 

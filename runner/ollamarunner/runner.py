@@ -17,7 +17,7 @@ import numpy as np
 from ..api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision, Options
 from ..embedding import MAX_LANES, batch_size
 from ..inputcache import ImageInput, Input, InputCache, Slot
-from ..loadplan import LoadOptions
+from ..loading.plan import LoadOptions
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
 from ..model import load_tokenizer
@@ -129,7 +129,7 @@ class GGMLEngine:
     name = "new"
 
     def __init__(self, info: ModelInfo, load: LoadOptions) -> None:
-        """``load.kv_cache_type`` and ``load.flash_attention`` as ``runner.loadplan`` resolved them
+        """``load.kv_cache_type`` and ``load.flash_attention`` as ``runner.loading.plan`` resolved them
         (Ollama leaves flash attention off for llama/qwen2 unless OLLAMA_FLASH_ATTENTION says so)."""
         num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
         self.info = info

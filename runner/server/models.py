@@ -6,7 +6,8 @@ import logging
 from typing import Any
 
 from runner import config as _config
-from runner import ggufmeta, prompt, store, templatefeatures
+from runner.loading import ggufmeta
+from runner import prompt, store, templatefeatures
 from runner.store import modelfile
 from runner.api import ModelInfo, PollamaError
 

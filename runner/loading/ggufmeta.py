@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .api import InvalidModel
+from ..api import InvalidModel
 
 MAGIC = b"GGUF"
 STRING, ARRAY = 8, 9

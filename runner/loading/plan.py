@@ -19,13 +19,13 @@ import math
 import os
 from dataclasses import dataclass
 
-from . import config as _config
+from .. import config as _config
 from . import ggufmeta
-from .api import InvalidRequest, LoadError, ModelInfo, Options
+from ..api import InvalidRequest, LoadError, ModelInfo, Options
 from .cpus import default_threads
-from .kvcache.cells import cache_geometry
+from ..kvcache.cells import cache_geometry
 from .memory import available_memory
-from .model.sliding import SlidingWindow
+from ..model.sliding import SlidingWindow
 
 log = logging.getLogger(__name__)
 
