@@ -1,5 +1,5 @@
 """How long rendering a chat prompt takes: SmolLM2's own template (from its GGUF, Jinja) through
-``runner.prompt.render``, Ollama's ChatML Go template (``chatml.gotmpl``, as a Modelfile TEMPLATE
+``runner.template.prompt.render``, Ollama's ChatML Go template (``chatml.gotmpl``, as a Modelfile TEMPLATE
 would carry it) and llama.cpp's built-in ``chatml``, for a short and a long conversation, beside
 the time llama.cpp takes to tokenize the same prompt (what every request does next). Prints a
 Markdown table; each figure is the median of --runs timings of --reps renders (or tokenizations).
@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import runner  # noqa: E402
-from runner import config, prompt, store  # noqa: E402
+from runner import config, store  # noqa: E402
+from runner.template import prompt  # noqa: E402
 from runner.api import ChatTemplate, Message, Options  # noqa: E402
 
 # Ollama's template/chatml.gotmpl

@@ -14,7 +14,7 @@ from prompt_toolkit.key_binding import KeyBindings
 
 import runner
 from runner.api import Chunk, InvalidRequest, Message, Options, PollamaError, Request, coerce_option
-from runner.templatefeatures import features
+from runner.template.features import features
 
 from . import imagefiles, render
 

@@ -36,7 +36,7 @@ from .engine import BatchRunner
 from .enginespec import Engine
 from .loading.plan import LoadOptions, checked_options, resolve_load_options
 from .pipeline import InlineDecoder, ThreadDecoder
-from .prompt import model_template
+from .template.prompt import model_template
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",

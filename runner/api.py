@@ -298,7 +298,7 @@ class Request:
     system: str | None = None
     template: str | None = None  # a chat template (Go, as Ollama takes it, or Jinja) overriding the model's
     raw: bool = False  # prompt is sent as is, no template
-    # the template chosen by the caller for the model it named (runner.prompt.select), which
+    # the template chosen by the caller for the model it named (runner.template.prompt.select), which
     # wins over ``template``: a server shares one runner among store models with one GGUF and
     # different TEMPLATEs. None: the runner chooses from ``template`` and its own model.
     chat_template: ChatTemplate | None = None

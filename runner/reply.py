@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .api import Request, ToolCall
-from .templatefeatures import TemplateFeatures
+from .template.features import TemplateFeatures
 from .thinking import ThinkingParser, think_on
 from .toolcalls import ToolCallParser
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import images as _images
-from . import prompt as _prompt
+from .template import prompt as _prompt
 from . import reply as _reply
 from .api import ChatTemplate, Grammar, Image, InvalidRequest, Message, NoVision, PromptTooLong, Request
 from .enginespec import Engine
@@ -25,7 +25,7 @@ from .output import Output
 from .sample.grammar import format_grammar
 from .sample.grammarcheck import GrammarCheck
 from .sample.toolgrammar import tool_call_grammar
-from .templatefeatures import features as template_features
+from .template.features import features as template_features
 from .text import decode_flush
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from runner import chattemplates, prompt
+from runner.template import builtins as chattemplates, prompt
 from runner.api import Message, Options, Request
 
 GEMMA3 = Path("/root/.cache/pollama-test-models/gemma-3-270m-q4_k_m.gguf")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import gotemplate, ollamatemplate
+from runner.template import go as gotemplate, ollama as ollamatemplate
 from runner.api import Cancelled, InvalidRequest, Message
-from runner.gotemplate import NO_VALUE, Struct, TemplateError
-from runner.sandbox import RenderBudget, RenderLimits
+from runner.template.go import NO_VALUE, Struct, TemplateError
+from runner.template.sandbox import RenderBudget, RenderLimits
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "ollama_templates.json").read_text())["templates"]
 HELLO, GREAT, SHOW = ("Hello, how are you?", "I'm doing great. How can I help you today?",
@@ -329,7 +329,7 @@ Question: {{ .Content }}<|eot_id|>
 
 
 def test_a_llama31_template_gives_llama_cpps_llama3_prompt():
-    from runner import chattemplates
+    from runner.template import builtins as chattemplates
 
     for msgs in ([Message("user", "Hi")],
                  [Message("system", "Be brief."), Message("user", "Hi"), Message("assistant", "Hello!"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner import prompt
+from runner.template import prompt
 from runner.api import InvalidRequest, Message
 from tests.conftest import load
 

@@ -1,4 +1,4 @@
-"""The render budget (runner/sandbox.py) as the Jinja sandbox and the Go interpreter use it: CPU
+"""The render budget (runner/template/sandbox.py) as the Jinja sandbox and the Go interpreter use it: CPU
 time stops a render about when it is spent, whatever one step costs; one request's renders share
 one budget across threads (its feature probes and its prompt); a render cannot take gigabytes of
 memory in many values that are each within the size limit."""
@@ -12,9 +12,9 @@ from itertools import count
 
 import pytest
 
-from runner import gotemplate, prompt, templatefeatures
+from runner.template import go as gotemplate, prompt, features as templatefeatures
 from runner.api import ChatTemplate, InvalidRequest, Message
-from runner.sandbox import BudgetExceeded, RenderBudget, RenderLimits, sharing
+from runner.template.sandbox import BudgetExceeded, RenderBudget, RenderLimits, sharing
 
 HI = [Message("user", "hi")]
 FOREVER = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
@@ -167,7 +167,7 @@ def test_a_long_conversation_through_ollamas_llama_template_is_well_inside_the_b
     a copy of the rest of the list, which must not cost its whole size each time."""
     from pathlib import Path
 
-    from runner import ollamatemplate
+    from runner.template import ollama as ollamatemplate
 
     source = (Path(__file__).parent / "data" / "templates" / "ollama-llama3.1.gotmpl").read_text()
     messages = [Message("user" if i % 2 == 0 else "assistant", f"m{i}") for i in range(6001)]

@@ -15,9 +15,9 @@ import httpx
 import pexpect
 import pytest
 
-from runner import ollamatemplate
+from runner.template import ollama as ollamatemplate
 from runner.api import Message, Options, Request
-from runner.sandbox import RenderBudget
+from runner.template.sandbox import RenderBudget
 from tests.conftest import SMOLLM2, collect, load
 from tests.serverproc import ServerProcess
 from tests.test_chattemplates import gemma3_path, llama_cpp_apply  # noqa: F401 (a fixture)

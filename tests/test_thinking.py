@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from runner import prompt
+from runner.template import prompt
 from runner.api import Message
-from runner.templatefeatures import features
+from runner.template.features import features
 from runner.thinking import ThinkingParser, ThinkTags, think_on
 
 from test_toolcalls import template

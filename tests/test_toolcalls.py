@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import prompt
+from runner.template import prompt
 from runner.api import ChatTemplate, Message, Tool, ToolCall, ToolChoice
 from runner.reply import ReplyParser
-from runner.templatefeatures import capabilities, features
+from runner.template.features import capabilities, features
 from runner.thinking import ThinkingParser, ThinkTags
 from runner.toolcalls import ToolCallParser, ToolSyntax
 
@@ -240,7 +240,7 @@ def test_probes_share_one_render_budget():
     """A template that burns CPU costs its probes one budget in all, and supports nothing."""
     import time
 
-    from runner.sandbox import DEFAULT_LIMITS
+    from runner.template.sandbox import DEFAULT_LIMITS
 
     slow = ChatTemplate("jinja", "{% for i in range(10**9) %}{% endfor %}{{ messages[0].content }}", "test")
     t0 = time.thread_time()

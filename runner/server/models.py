@@ -7,7 +7,8 @@ from typing import Any
 
 from runner import config as _config
 from runner.loading import ggufmeta
-from runner import prompt, store, templatefeatures
+from runner import store
+from runner.template import prompt, features as templatefeatures
 from runner.store import modelfile
 from runner.api import ModelInfo, PollamaError
 
@@ -55,7 +56,7 @@ def details(info: ModelInfo) -> dict[str, Any]:
 
 
 def capabilities(info: ModelInfo) -> list[str]:
-    """Ollama's list: what the model's template supports (runner.templatefeatures)."""
+    """Ollama's list: what the model's template supports (runner.template.features)."""
     return templatefeatures.capabilities(info)
 
 

@@ -17,7 +17,8 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 import runner as _runner
 from runner import config as _config
-from runner import prompt, store, templatefeatures
+from runner import store
+from runner.template import prompt, features as templatefeatures
 from runner.api import (
     Cancelled,
     Chunk,

@@ -8,8 +8,8 @@ Which template (:func:`select`), first match wins:
 2. the store model's ``TEMPLATE`` layer, a Go template: one a user set in a Modelfile, or the one
    a model pulled from Ollama's registry carries, curated for that model and what Ollama itself
    renders (Ollama prefers it over the GGUF's Jinja unless the Jinja has more capabilities);
-3. the GGUF's ``tokenizer.chat_template`` (Jinja), rendered in :mod:`runner.sandbox`;
-4. llama.cpp's built-in template for the GGUF's architecture (:mod:`runner.chattemplates`:
+3. the GGUF's ``tokenizer.chat_template`` (Jinja), rendered in :mod:`runner.template.sandbox`;
+4. llama.cpp's built-in template for the GGUF's architecture (:mod:`runner.template.builtins`:
    gemma for gemma3, chatml for qwen2…), for chat models whose GGUF carries no template;
 5. plain text (:func:`render_plain`), for base models.
 
@@ -26,8 +26,8 @@ import re
 import threading
 from typing import Any, Callable, Sequence
 
-from . import chattemplates, ollamatemplate, sandbox
-from .api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool
+from . import builtins as chattemplates, ollama as ollamatemplate, sandbox
+from ..api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool
 from .sandbox import DEFAULT_LIMITS, BudgetExceeded, RenderBudget, RenderLimits, sharing
 
 __all__ = ["DEFAULT_LIMITS", "BudgetExceeded", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt",

@@ -3,7 +3,7 @@ calls (and their syntax), reasoning (and its tags), insert (a Go template's ``.S
 ``capabilities`` (Ollama's ``/api/show`` list) and which requests it refuses.
 
 The probes render in the sandbox like any prompt, all of a template's probes within one render
-budget: the request's own when the caller shares it (:func:`runner.prompt.sharing`: a server
+budget: the request's own when the caller shares it (:func:`runner.template.prompt.sharing`: a server
 request's probes and prompt together cost one budget), else a fresh one. A template that fails
 on them supports nothing more than completion; one whose probes alone use up a whole budget is
 marked (``over_budget``: the server refuses it at once). Results are cached per template text,
@@ -18,10 +18,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import ollamatemplate, prompt, thinking, toolcalls
-from .api import Cancelled, ChatTemplate, Message, ModelInfo, PollamaError, Tool
-from .thinking import ThinkTags
-from .toolcalls import ToolSyntax
+from . import ollama as ollamatemplate, prompt
+from .. import thinking, toolcalls
+from ..api import Cancelled, ChatTemplate, Message, ModelInfo, PollamaError, Tool
+from ..thinking import ThinkTags
+from ..toolcalls import ToolSyntax
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 from markupsafe import EscapeFormatter, Markup
 
-from .api import Cancelled, InvalidRequest
+from ..api import Cancelled, InvalidRequest
 
 __all__ = ["DEFAULT_LIMITS", "BudgetExceeded", "RenderBudget", "RenderLimits", "compile_template", "render",
            "run_bounded", "sharing"]
@@ -627,7 +627,7 @@ def _one_line(err: Exception) -> str:
 
 
 def run_bounded(budget: RenderBudget, input_chars: int, fn: Callable[[], str]) -> str:
-    """Run a renderer of another template language (:mod:`runner.gotemplate`) within ``budget``:
+    """Run a renderer of another template language (:mod:`runner.template.go`) within ``budget``:
     the size limits follow ``input_chars``; the CPU time ``fn`` takes (parsing included) is
     charged; an overrun, a failure in the template, or the cancel event end it with one
     InvalidRequest line (BudgetExceeded for the time; Cancelled for the event)."""

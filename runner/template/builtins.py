@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .api import Message
+from ..api import Message
 
 __all__ = ["BY_ARCHITECTURE", "NAMES", "apply", "for_architecture"]
 

@@ -1,5 +1,5 @@
 """Go's ``text/template``, the subset Ollama's Modelfile ``TEMPLATE``\\ s use, parsed and rendered
-within a :class:`~runner.sandbox.RenderBudget`.
+within a :class:`~runner.template.sandbox.RenderBudget`.
 
 The language, as Go defines it: text with actions in ``{{ }}``; ``{{-`` and ``-}}`` trim the
 whitespace beside them; ``{{/* comments */}}``; ``if``/``else if``/``else``/``end``, ``range``
@@ -30,7 +30,7 @@ import urllib.parse
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .api import InvalidRequest
+from ..api import InvalidRequest
 from .sandbox import RenderBudget, check_source, run_bounded
 
 __all__ = ["NO_VALUE", "JSONList", "JSONMap", "Struct", "Template", "TemplateError", "parse", "render"]
@@ -1372,7 +1372,7 @@ def _node_text(node: Any) -> str:
 
 def execute(template: Template, data: Any, budget: RenderBudget) -> str:
     """Render a parsed template with ``data`` as ``.``, within ``budget`` (already started and
-    charging: call it inside :func:`~runner.sandbox.run_bounded`)."""
+    charging: call it inside :func:`~runner.template.sandbox.run_bounded`)."""
     state = _State(budget, data)
     try:
         state.walk(data, list(template.nodes))

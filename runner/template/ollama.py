@@ -32,9 +32,9 @@ from typing import Any, Sequence
 import dataclasses
 import json
 
-from . import gotemplate
-from .api import Message, Tool, ToolCall
-from .gotemplate import Action, Command, Field, JSONList, JSONMap, Pipe, Struct, Template
+from . import go as gotemplate
+from ..api import Message, Tool, ToolCall
+from .go import Action, Command, Field, JSONList, JSONMap, Pipe, Struct, Template
 from .sandbox import RenderBudget, run_bounded
 
 __all__ = ["parse", "render"]
