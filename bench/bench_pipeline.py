@@ -2,7 +2,7 @@
 
 For each engine, two runners of the same model are loaded side by side, one decoding inline on
 the loop thread and one on a compute thread with the next batch built meanwhile
-(runner.pipeline). The runs interleave (inline, pipelined, inline, ...) so that load on the
+(runner.loop.pipeline). The runs interleave (inline, pipelined, inline, ...) so that load on the
 machine hits both alike; every figure is the median of --runs runs:
 
 - prompt tok/s: a ~250-token prompt evaluated from an empty slot;

@@ -3,7 +3,7 @@
     python bench/bench_shared_batch.py [--rounds 3] [--engines old,new] [--chunks 512,64]
 
 One runner (SmolLM2, ``num_parallel`` 2, ``num_ctx`` 4096) per engine. Each round, for each
-value of ``runner.engine.SHARED_PROMPT_CHUNK`` (512 is the batch size: no cap, the behaviour
+value of ``runner.loop.runner.SHARED_PROMPT_CHUNK`` (512 is the batch size: no cap, the behaviour
 before it existed), in alternating order: a long prompt (~3,000 tokens, one token answered)
 starts; once its prefill runs, a short prompt asks for 16 tokens. Reported, as medians over the
 rounds: the short request's time to first token and total time, and the long prompt's prompt
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import runner.engine as engine_module  # noqa: E402
+import runner.loop.runner as engine_module  # noqa: E402
 from conftest import load  # noqa: E402
 from runner.api import Options, Request  # noqa: E402
 

@@ -46,7 +46,7 @@ from bench_decode import MODELS, STORY  # noqa: E402
 import runner  # noqa: E402
 from runner import config  # noqa: E402
 from runner.api import Options, Request  # noqa: E402
-from runner.output import Output  # noqa: E402
+from runner.loop.output import Output  # noqa: E402
 
 _now = time.perf_counter_ns
 

@@ -32,10 +32,10 @@ from .api import (
     Runner,
     ServerBusy,
 )
-from .engine import BatchRunner
-from .enginespec import Engine
 from .loading.plan import LoadOptions, checked_options, resolve_load_options
-from .pipeline import InlineDecoder, ThreadDecoder
+from .loop.engine import Engine
+from .loop.pipeline import InlineDecoder, ThreadDecoder
+from .loop.runner import BatchRunner
 from .template.prompt import model_template
 
 __all__ = [

@@ -38,7 +38,7 @@ class Config:
     nohistory: bool
     new_engine: bool
     origins: tuple[str, ...] = ()  # OLLAMA_ORIGINS, added to the default allowed origins
-    pipeline: bool = False  # POLLAMA_PIPELINE: build the next batch while one decodes (runner.pipeline)
+    pipeline: bool = False  # POLLAMA_PIPELINE: build the next batch while one decodes (runner.loop.pipeline)
     # POLLAMA_PULL_STALL_TIMEOUT: a pull fails when less than 1 KiB arrives in this many seconds
     pull_stall_timeout: float = DEFAULT_PULL_STALL_TIMEOUT
 

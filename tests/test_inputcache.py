@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from runner.inputcache import InputCache, ReprocessInputs, Slot, count_common_prefix, shift_discard
+from runner.loop.slots import InputCache, ReprocessInputs, Slot, count_common_prefix, shift_discard
 
 
 class RecordingKv:

@@ -4,7 +4,7 @@ prefix or context shift cuts an image in half. Plain data, as test_inputcache.py
 
 from __future__ import annotations
 
-from runner.inputcache import ImageInput, InputCache, Slot, count_common_prefix, image_end, image_start, text_tokens
+from runner.loop.slots import ImageInput, InputCache, Slot, count_common_prefix, image_end, image_start, text_tokens
 from tests.test_inputcache import RecordingKv
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from runner.inputcache import InputCache
+from runner.loop.slots import InputCache
 from runner.kvcache.causal import CausalCache
 from runner.kvcache.wrapper import WrapperCache
 from runner.ml.backend import CacheConfig

@@ -1,12 +1,12 @@
-"""runner.output without a model: sampled tokens as bytes in, chunks out (reference §1.6)."""
+"""runner.loop.output without a model: sampled tokens as bytes in, chunks out (reference §1.6)."""
 
 from __future__ import annotations
 
 import queue
 
 from runner.api import DoneReason, TokenLogprob
-from runner.output import Output
-from runner.reply import ReplyParser
+from runner.loop.output import Output
+from runner.loop.replies import ReplyParser
 from runner.thinking import ThinkingParser, ThinkTags
 
 

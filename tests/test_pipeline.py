@@ -1,4 +1,4 @@
-"""Pipelined decoding (runner.pipeline.ThreadDecoder): the next batch is built and prepared
+"""Pipelined decoding (runner.loop.pipeline.ThreadDecoder): the next batch is built and prepared
 while one decodes, its sampled tokens filled in afterwards. Same answers as the inline decoder,
 on both engines, through stops, context shifts, parallel sequences and cancellation."""
 

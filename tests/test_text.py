@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from runner.text import (
+from runner.loop.text import (
     contains_stop_suffix,
     decode_flush,
     find_stop,

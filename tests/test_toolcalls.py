@@ -8,7 +8,7 @@ import pytest
 
 from runner.template import prompt
 from runner.api import ChatTemplate, Message, Tool, ToolCall, ToolChoice
-from runner.reply import ReplyParser
+from runner.loop.replies import ReplyParser
 from runner.template.features import capabilities, features
 from runner.thinking import ThinkingParser, ThinkTags
 from runner.toolcalls import ToolCallParser, ToolSyntax

@@ -20,7 +20,7 @@ import runner
 from runner import config
 from runner.api import Message, Options, Request
 from runner.images import image_from_bytes
-from runner.inputcache import ImageInput
+from runner.loop.slots import ImageInput
 from runner.model.model import Batch
 from tests.conftest import collect
 from tests.mmproj import MMProjSpec, write_mmproj

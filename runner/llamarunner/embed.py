@@ -16,13 +16,13 @@ import llama_cpp as L
 import numpy as np
 
 from ..api import LoadError
-from ..inputcache import InputCache, Slot
+from ..loop.slots import InputCache, Slot
 
 log = logging.getLogger(__name__)
 
 
 class EmbedContext:
-    """:class:`runner.embedding.EmbedLanes` over a llama.cpp context made for embeddings."""
+    """:class:`runner.loop.embedding.EmbedLanes` over a llama.cpp context made for embeddings."""
 
     def __init__(self, model, base: L.llama_context_params, batch, *, num_ctx: int, num_batch: int,
                  max_lanes: int, n_embd: int) -> None:

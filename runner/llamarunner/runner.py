@@ -1,7 +1,7 @@
 """The old engine: llama.cpp through llama-cpp-python's low-level API (Ollama's ``llamarunner``).
 
 One ``llama_context`` holds ``num_parallel`` KV streams of ``num_ctx`` cells each. The batch
-loop (:class:`~runner.engine.BatchRunner`) holds this :class:`~runner.enginespec.Engine` and fills
+loop (:class:`~runner.loop.runner.BatchRunner`) holds this :class:`~runner.loop.engine.Engine` and fills
 one ``llama_batch`` with the inputs of every live sequence; the engine only adds tokens to that
 batch, decodes it and samples with llama.cpp's
 sampler chain (penalties, top-k, typical, top-p, min-p, temperature, seeded draw; a GBNF grammar
@@ -23,8 +23,8 @@ import numpy as np
 
 from ..loading import ggufmeta
 from ..api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
-from ..embedding import MAX_LANES, batch_size
-from ..inputcache import ImageInput, Input
+from ..loop.embedding import MAX_LANES, batch_size
+from ..loop.slots import ImageInput, Input
 from ..loading.plan import LoadOptions
 from ..sample.grammar import init_sampler
 from ..sample.samplers import Sampler, SamplerOptions
@@ -145,7 +145,7 @@ class _Batch:
 
 
 class LlamaEngine:
-    """:class:`runner.enginespec.Engine` over llama.cpp."""
+    """:class:`runner.loop.engine.Engine` over llama.cpp."""
 
     name = "old"
 

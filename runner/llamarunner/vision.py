@@ -3,7 +3,7 @@
 
 :class:`Projector` loads the projector GGUF (``mmproj``) next to the text model and turns each
 image into inputs for the slot: the model's own wrapping tokens (gemma3: ``<start_of_image>`` ...
-``<end_of_image>``) as token ids, and one :class:`~runner.inputcache.ImageInput` per position the
+``<end_of_image>``) as token ids, and one :class:`~runner.loop.slots.ImageInput` per position the
 image fills, all carrying the image's identity (the sha256 of its bytes). The libmtmd chunk rides
 on those inputs (not compared), so the loop can later :meth:`~Projector.decode` it at its
 positions of a slot's sequence. Encoding (the vision tower) runs once per image: the embeddings
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..api import Image, InvalidModel, InvalidRequest, LoadError
 from ..images import EmbeddingCache
-from ..inputcache import ImageInput, Input
+from ..loop.slots import ImageInput, Input
 from .llamalog import log_callback
 
 log = logging.getLogger(__name__)

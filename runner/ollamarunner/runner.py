@@ -1,4 +1,4 @@
-"""The new engine: :class:`runner.enginespec.Engine` over our GGML model and ``kvcache``.
+"""The new engine: :class:`runner.loop.engine.Engine` over our GGML model and ``kvcache``.
 
 Differences from the old engine that matter (reference §2.3, §2.9): the *total* batch is capped
 at ``num_batch``; the KV cache is ours (cells shared by ``copy_prefix``, context shift by
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision, Options
-from ..embedding import MAX_LANES, batch_size
-from ..inputcache import ImageInput, Input, InputCache, Slot
+from ..loop.embedding import MAX_LANES, batch_size
+from ..loop.slots import ImageInput, Input, InputCache, Slot
 from ..loading.plan import LoadOptions
 from ..kvcache import Cache, NotSupported
 from ..ml.backend import BackendOptions
@@ -36,7 +36,7 @@ def supports(architecture: str) -> bool:
 
 
 class CacheKv:
-    """:class:`runner.inputcache.KvOps` over the model's :class:`runner.kvcache.Cache` (causal,
+    """:class:`runner.loop.slots.KvOps` over the model's :class:`runner.kvcache.Cache` (causal,
     or gemma3's sliding-window + global wrapper: ``can_resume`` is how a slot whose window has
     slid past the prefix starts over)."""
 
@@ -61,7 +61,7 @@ class CacheKv:
 
 
 class _Lanes:
-    """:class:`runner.embedding.EmbedLanes` in our own cell pool: lane ``k`` is sequence
+    """:class:`runner.loop.embedding.EmbedLanes` in our own cell pool: lane ``k`` is sequence
     ``num_parallel + k``, beside the slots' sequences. A job first takes the least valuable
     slot and empties it, so its lanes find that slot's share (``num_ctx`` cells) free."""
 
@@ -124,7 +124,7 @@ class _SeqSampler:
 
 
 class GGMLEngine:
-    """:class:`runner.enginespec.Engine` over our model code (``model``) and its KV cache."""
+    """:class:`runner.loop.engine.Engine` over our model code (``model``) and its KV cache."""
 
     name = "new"
 

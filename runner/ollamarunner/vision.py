@@ -2,7 +2,7 @@
 model's decode of an image's soft tokens at their positions of a slot's KV sequence.
 
 An image fills the prompt as libmtmd lays it out for gemma3 (so both engines see the same
-inputs): ``<start_of_image>``, one :class:`~runner.inputcache.ImageInput` per soft token (all
+inputs): ``<start_of_image>``, one :class:`~runner.loop.slots.ImageInput` per soft token (all
 carrying the image's identity, the sha256 of its bytes), ``<end_of_image>``. Its embedding is
 computed on first use and kept on the host by identity (a few images), so a second turn about
 the same picture, or a new conversation that repeats it, does not encode it again.
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..api import Image, InvalidModel, LoadError
 from ..images import EmbeddingCache
-from ..inputcache import ImageInput, Input
+from ..loop.slots import ImageInput, Input
 from ..ml.backend import BackendOptions
 from ..model.gguf_weights import GGUFError, GGUFFile
 from ..model.model import Batch

@@ -1,4 +1,4 @@
-"""The Engine protocol: what the batch loop (:mod:`runner.engine`) needs from a model.
+"""The Engine protocol: what the batch loop (:mod:`runner.loop.runner`) needs from a model.
 
 Two engines implement it: :class:`runner.llamarunner.runner.LlamaEngine` (llama.cpp through
 llama-cpp-python's low-level API) and :class:`runner.ollamarunner.runner.GGMLEngine` (our model
@@ -16,7 +16,7 @@ call's last token produces logits; a token not sampled yet is :data:`PLACEHOLDER
 :meth:`Engine.prepare`, :meth:`Engine.fill` for each placeholder, :meth:`Engine.decode`;
 afterwards :meth:`Engine.logits` and :meth:`Engine.sample` read the rows of that decode. At most
 two batches are alive: one decoding, and the next one being built and prepared meanwhile
-(:mod:`runner.pipeline`), which the loop fills and decodes once the first is done.
+(:mod:`runner.loop.pipeline`), which the loop fills and decodes once the first is done.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .api import Grammar, Image, ModelInfo, Options
+from ..api import Grammar, Image, ModelInfo, Options
 from .embedding import EmbedLanes
-from .inputcache import ImageInput, Input, KvOps
+from .slots import ImageInput, Input, KvOps
 
 #: a batch input whose token id is filled in later (:meth:`Engine.fill`): the token the
 #: sequence samples from the batch decoding meanwhile
@@ -40,7 +40,7 @@ class Engine(Protocol):
     info: ModelInfo
     n_vocab: int  # token ids are 0 <= id < n_vocab
     memory_size: int  # bytes held besides the weights (KV cache, compute buffers); 0: not known
-    kv: KvOps  # the KV-memory operations the slot cache (runner.inputcache) runs on
+    kv: KvOps  # the KV-memory operations the slot cache (runner.loop.slots) runs on
 
     @property
     def batch_capacity(self) -> int:
@@ -103,7 +103,7 @@ class Engine(Protocol):
     # --------------------------------------------------------------------------- images
     def image_inputs(self, image: Image) -> list[Input]:
         """The inputs ``image`` fills in a prompt: the model's wrapping token ids around one
-        :class:`~runner.inputcache.ImageInput` per position, all carrying the image's identity
+        :class:`~runner.loop.slots.ImageInput` per position, all carrying the image's identity
         (so the slot cache reuses an image it holds). May encode the image (vision tower) or
         defer that to :meth:`decode_image`. Called on the caller's thread. Raises NoVision for a
         model without a projector, InvalidRequest for an image this model cannot take."""

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .api import Cancelled, LoadError, PollamaError
-from .inputcache import InputCache, Slot
+from ..api import Cancelled, LoadError, PollamaError
+from .slots import InputCache, Slot
 
 #: inputs one embedding decode carries at most (llama.cpp allows up to 256 sequences a context)
 MAX_LANES = 64

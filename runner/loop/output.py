@@ -3,7 +3,7 @@
 One :class:`Output` per sequence (reference §1.6). The batch loop hands it each sampled token
 with the token's bytes; it holds text back while it may still be the start of a stop sequence or
 of a UTF-8 character, cuts the text at a stop, counts towards ``num_predict``, splits the reply
-into thinking / content / tool calls (:mod:`runner.reply`) and puts :class:`runner.api.Chunk` s
+into thinking / content / tool calls (:mod:`runner.loop.replies`) and puts :class:`runner.api.Chunk` s
 on its ``sink``. Plain Python over bytes: testable without a model.
 """
 
@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import reply as _reply
-from .api import Chunk, DoneReason, Metrics, TokenLogprob
-from .inputcache import Input, text_tokens
+from . import replies as _replies
+from ..api import Chunk, DoneReason, Metrics, TokenLogprob
+from .slots import Input, text_tokens
 from .text import contains_stop_suffix, decode_flush, find_stop, incomplete_utf8, truncate_stop
 
 _now = time.perf_counter_ns
@@ -41,7 +41,7 @@ class Output:
 
     stops: list[bytes]
     num_predict: int  # > 0: at most this many tokens (the loop bounds it); <= 0: no limit
-    reply: _reply.ReplyParser | None = None  # splits the output into thinking, content, tool calls
+    reply: _replies.ReplyParser | None = None  # splits the output into thinking, content, tool calls
     top_logprobs: int | None = None  # None: no logprobs; else alternatives listed per token
     t_request: int = field(default_factory=_now)
     sink: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item)

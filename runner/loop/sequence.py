@@ -4,7 +4,7 @@
 thread, so a bad request fails where it was made (template errors, an empty prompt, a prompt too
 long with truncation off) before the batch loop sees it. A sequence carries what the loop needs
 to run it (prompt tokens, ``num_keep``, sampler settings, grammar) and its
-:class:`runner.output.Output`, which turns sampled tokens into chunks.
+:class:`runner.loop.output.Output`, which turns sampled tokens into chunks.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import images as _images
-from .template import prompt as _prompt
-from . import reply as _reply
-from .api import ChatTemplate, Grammar, Image, InvalidRequest, Message, NoVision, PromptTooLong, Request
-from .enginespec import Engine
-from .inputcache import Input, Slot, image_end, image_start
+from . import replies as _replies
+from .. import images as _images
+from ..api import ChatTemplate, Grammar, Image, InvalidRequest, Message, NoVision, PromptTooLong, Request
+from ..sample.grammar import format_grammar
+from ..sample.grammarcheck import GrammarCheck
+from ..sample.toolgrammar import tool_call_grammar
+from ..template import prompt as _prompt
+from ..template.features import features as template_features
+from .engine import Engine
 from .output import Output
-from .sample.grammar import format_grammar
-from .sample.grammarcheck import GrammarCheck
-from .sample.toolgrammar import tool_call_grammar
-from .template.features import features as template_features
+from .slots import Input, Slot, image_end, image_start
 from .text import decode_flush
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class Prompter:
         reply = None
         if template is not None:
             found = template_features(template)
-            reply = _reply.for_request(request, found, text)
+            reply = _replies.for_request(request, found, text)
             if request.tools and found.tools is not None and request.tool_choice.mode != "none" \
                     and request.tool_grammar:
                 # forced: the whole answer is a call; auto: a call the model starts is well formed

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .api import Request, ToolCall
-from .template.features import TemplateFeatures
-from .thinking import ThinkingParser, think_on
-from .toolcalls import ToolCallParser
+from ..api import Request, ToolCall
+from ..template.features import TemplateFeatures
+from ..thinking import ThinkingParser, think_on
+from ..toolcalls import ToolCallParser
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Sequence, TypeVar
 
 import numpy as np
 
-from .api import TokenLogprob
+from ..api import TokenLogprob
 
 T = TypeVar("T", str, bytes)
 

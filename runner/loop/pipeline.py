@@ -1,6 +1,6 @@
 """Where the batch loop's decodes run: on the loop thread, or on a compute thread of their own.
 
-The loop (:mod:`runner.engine`) holds one :class:`Decoder`. After starting a batch it asks
+The loop (:mod:`runner.loop.runner`) holds one :class:`Decoder`. After starting a batch it asks
 :meth:`Decoder.running`: while the batch still computes, the loop builds and prepares the next
 one — its inputs known except the tokens the running batch will sample, which are placeholders
 filled in afterwards (reference §2.8, the seed's "build graph for next batch in parallel"). Only
@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from .enginespec import Engine
+from .engine import Engine
 
 
 class Decoder(Protocol):

@@ -1,14 +1,14 @@
 """The batch loop: admission, batching, context shift and release, over an :class:`Engine`.
 
 :class:`BatchRunner` implements the runner contract (:class:`runner.api.Runner`) for any engine
-(:mod:`runner.enginespec`); it holds one and never asks which. It owns the Go runner's loop
+(:mod:`runner.loop.engine`); it holds one and never asks which. It owns the Go runner's loop
 (reference §1.5, §2.9): slots are claimed for waiting sequences, each batch takes inputs from
 every live sequence (the batch's capacity shared round robin), a full slot is shifted, and each
-sampled token goes to its sequence's :class:`runner.output.Output`. Requests become sequences in
-:mod:`runner.sequence`; an ``embed`` call is one entry too (:class:`runner.embedding.EmbedJob`):
+sampled token goes to its sequence's :class:`runner.loop.output.Output`. Requests become sequences in
+:mod:`runner.loop.sequence`; an ``embed`` call is one entry too (:class:`runner.loop.embedding.EmbedJob`):
 token batches and its embedding batches take turns.
 
-Decodes run through the loop's :class:`runner.pipeline.Decoder`. While a batch still decodes
+Decodes run through the loop's :class:`runner.loop.pipeline.Decoder`. While a batch still decodes
 (a compute thread), the loop builds and prepares the next one, with a placeholder for each token
 the running batch will sample; after sampling it fills them in, or drops that batch when one of
 its sequences ended meanwhile. A batch whose decode is done at once (inline) is followed by one
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from . import embedding as _embedding
-from .api import (
+from ..api import (
     Cancelled,
     Chunk,
     DoneReason,
@@ -43,10 +43,10 @@ from .api import (
     Request,
 )
 from .embedding import EmbedJob
-from .enginespec import PLACEHOLDER, Engine
-from .inputcache import ImageInput, Input, InputCache, ReprocessInputs, text_tokens
+from .engine import PLACEHOLDER, Engine
 from .pipeline import Decoder, InlineDecoder
 from .sequence import Prompter, Sequence
+from .slots import ImageInput, Input, InputCache, ReprocessInputs, text_tokens
 from .text import token_logprobs
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class BatchRunner:
 
     def __init__(self, engine: Engine, *, num_ctx: int, num_parallel: int, num_batch: int,
                  multi_user: bool, decoder: Decoder | None = None) -> None:
-        """``decoder``: where decodes run (:mod:`runner.pipeline`; default on the loop thread)."""
+        """``decoder``: where decodes run (:mod:`runner.loop.pipeline`; default on the loop thread)."""
         self.model_engine = engine
         self.decoder: Decoder = decoder if decoder is not None else InlineDecoder()
         self._ahead: _Batch | None = None  # the next batch, built while the last one decoded
