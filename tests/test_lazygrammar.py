@@ -15,7 +15,7 @@ from runner.api import Message, Request, Tool, ToolChoice
 from runner.sample.grammar import GrammarSampler, VocabOnly, init_sampler
 from runner.sample.lazygrammar import TagTrigger
 from runner.sample.toolgrammar import tool_call_grammar
-from runner.toolcalls import ToolSyntax
+from runner.reply.toolcalls import ToolSyntax
 
 QWEN = ToolSyntax("<tool_call>\n", "\n</tool_call>")
 WEATHER = Tool("get_weather", "Get the current weather in a city",

@@ -7,7 +7,7 @@ import queue
 from runner.api import DoneReason, TokenLogprob
 from runner.loop.output import Output
 from runner.loop.replies import ReplyParser
-from runner.thinking import ThinkingParser, ThinkTags
+from runner.reply.thinking import ThinkingParser, ThinkTags
 
 
 def drain(out: Output) -> list:

@@ -7,7 +7,7 @@ import pytest
 from runner.template import prompt
 from runner.api import Message
 from runner.template.features import features
-from runner.thinking import ThinkingParser, ThinkTags, think_on
+from runner.reply.thinking import ThinkingParser, ThinkTags, think_on
 
 from test_toolcalls import template
 

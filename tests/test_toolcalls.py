@@ -10,8 +10,8 @@ from runner.template import prompt
 from runner.api import ChatTemplate, Message, Tool, ToolCall, ToolChoice
 from runner.loop.replies import ReplyParser
 from runner.template.features import capabilities, features
-from runner.thinking import ThinkingParser, ThinkTags
-from runner.toolcalls import ToolCallParser, ToolSyntax
+from runner.reply.thinking import ThinkingParser, ThinkTags
+from runner.reply.toolcalls import ToolCallParser, ToolSyntax
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 

@@ -1,7 +1,7 @@
 """A reply as the model streams it, split into its parts: reasoning, answer text, tool calls.
 
-The reasoning comes first (:class:`runner.thinking.ThinkingParser`); the text after it goes
-through the tool-call parser (:class:`runner.toolcalls.ToolCallParser`), so a call the model
+The reasoning comes first (:class:`runner.reply.thinking.ThinkingParser`); the text after it goes
+through the tool-call parser (:class:`runner.reply.toolcalls.ToolCallParser`), so a call the model
 only mulls over while thinking is not made. Testable without a model.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..api import Request, ToolCall
+from ..reply.thinking import ThinkingParser, think_on
+from ..reply.toolcalls import ToolCallParser
 from ..template.features import TemplateFeatures
-from ..thinking import ThinkingParser, think_on
-from ..toolcalls import ToolCallParser
 
 
 @dataclass
@@ -44,7 +44,7 @@ class ReplyParser:
 
 def for_request(request: Request, found: TemplateFeatures, prompt_text: str) -> ReplyParser | None:
     """The parser a request's reply needs (None: the text is all answer). Reasoning is parsed
-    when the request thinks (:func:`runner.thinking.think_on`); the reply starts inside it when
+    when the request thinks (:func:`runner.reply.thinking.think_on`); the reply starts inside it when
     the prompt ends with the opening tag. Tool calls are parsed when the request offers tools."""
     thinking = tools = None
     tags = found.thinking

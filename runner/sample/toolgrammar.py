@@ -18,7 +18,7 @@ import threading
 from typing import Sequence
 
 from ..api import Grammar, InvalidRequest, Tool, ToolChoice
-from ..toolcalls import ToolSyntax
+from ..reply.toolcalls import ToolSyntax
 from . import schemabounds
 from .grammarcheck import GrammarCheck
 

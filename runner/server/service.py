@@ -31,7 +31,7 @@ from runner.api import (
     TokenLogprob,
     ToolCall,
 )
-from runner.thinking import think_on
+from runner.reply.thinking import think_on
 
 from .disconnect import client_gone
 from .bridge import in_thread

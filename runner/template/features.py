@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from . import ollama as ollamatemplate, prompt
-from .. import thinking, toolcalls
 from ..api import Cancelled, ChatTemplate, Message, ModelInfo, PollamaError, Tool
-from ..thinking import ThinkTags
-from ..toolcalls import ToolSyntax
+from ..reply import thinking, toolcalls
+from ..reply.thinking import ThinkTags
+from ..reply.toolcalls import ToolSyntax
 
 log = logging.getLogger(__name__)
 

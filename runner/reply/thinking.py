@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .api import Message
+from ..api import Message
 
 PROBE_THOUGHT = "pollama probe reasoning"
 PROBE_ANSWER = "pollama probe answer"

@@ -28,7 +28,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .api import Message, Tool, ToolCall
+from ..api import Message, Tool, ToolCall
 
 PROBE_NAME = "pollama_probe_function"
 PROBE_ARGS = {"pollama_probe_argument": "pollama probe value"}
