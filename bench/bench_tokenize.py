@@ -1,7 +1,7 @@
 """Tokenizer speed, new engine vs old: prints a Markdown table for bench/README.md.
 
 The old engine tokenizes with llama.cpp (``llama_tokenize`` through llama-cpp-python, as
-``runner/llamarunner/runner.py`` does); the new engine with our own ``runner.model.tokenizer``.
+``runner/engines/llamacpp/engine.py`` does); the new engine with our own ``runner.model.tokenizer``.
 Both run on the same prompts, interleaved (old, new, new, old, ...), with the runners' defaults
 (``add_special=True, parse_special=True``), and every run checks that the two token lists are
 equal: a speed-up that changes a token is a bug, and the script exits 1.
@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import llama_cpp  # noqa: E402
 
-from runner.llamarunner.runner import llama_tokenize  # noqa: E402
+from runner.engines.llamacpp.engine import llama_tokenize  # noqa: E402
 from runner.model import load_tokenizer  # noqa: E402
 from runner.store import default_model_path  # noqa: E402
 
@@ -177,7 +177,7 @@ def timed(fn: Callable[[str], list[int]], text: str) -> tuple[float, list[int]]:
 
 
 def timed_new(path: Path, text: str) -> tuple[float, list[int]]:
-    """Our tokenizer as the new engine calls it (runner/ollamarunner/runner.py tokenize()). A fresh
+    """Our tokenizer as the new engine calls it (runner/engines/ggml/engine.py tokenize()). A fresh
     one each run (loading not timed): its word cache starts empty, as after a model loads."""
     tok = load_tokenizer(path)
     return timed(lambda t: tok.encode(t, add_special=True, parse_special=True), text)

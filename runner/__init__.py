@@ -107,11 +107,11 @@ def load_resolved(info: ModelInfo, plan: LoadOptions, cfg: _config.Config, t0: i
     loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel)
     engine: Engine
     if name == "new":
-        from .ollamarunner import GGMLEngine
+        from .engines.ggml import GGMLEngine
 
         engine = GGMLEngine(info, plan)
     else:
-        from .llamarunner.runner import LlamaEngine
+        from .engines.llamacpp.engine import LlamaEngine
 
         engine = LlamaEngine(info, plan)
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
@@ -126,8 +126,8 @@ def load_resolved(info: ModelInfo, plan: LoadOptions, cfg: _config.Config, t0: i
 def _new_engine_runs(info: ModelInfo) -> bool:
     """Whether the new engine implements ``info``'s architecture and tokenizer (one notice when not)."""
     from .model.tokenizer import refusal
-    from .ollamarunner import supports
-    from .ollamarunner.vision import supports as supports_images
+    from .engines.ggml import supports
+    from .engines.ggml.vision import supports as supports_images
 
     if not supports(info.architecture):
         log.warning("the new engine does not support architecture %r yet; using the old engine", info.architecture)

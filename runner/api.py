@@ -1,7 +1,7 @@
 """The runner contract: what the CLI and the server see of an engine.
 
 :class:`Runner` is what ``runner.load`` returns: the batch loop (``runner.loop.runner``) holding one of
-the two engines (``runner.llamarunner`` over llama.cpp, ``runner.ollamarunner`` over our own GGML
+the two engines (``runner.engines.llamacpp`` over llama.cpp, ``runner.engines.ggml`` over our own GGML
 model code; their protocol is ``runner.loop.engine.Engine``). Everything here is plain data: requests go in, a stream of
 :class:`Chunk` comes out, and errors are :class:`PollamaError` subclasses carrying a one-line
 message and the HTTP status the server answers with.

@@ -297,7 +297,7 @@ def test_cancelled_before_a_slot_still_ends_its_stream(engine):
 def test_old_engine_batches_live_slots_in_slot_order(monkeypatch):
     """llama.cpp (one KV stream per slot) evaluates a batch as one ubatch only while its sequence
     ids run consecutively; in round-robin order four streams would take several passes."""
-    from runner.llamarunner.runner import LlamaEngine
+    from runner.engines.llamacpp.engine import LlamaEngine
 
     seen: list[list[int]] = []
     decode = LlamaEngine.decode
@@ -367,7 +367,7 @@ TOPK_OPTION_SETS = [
 def old_engine_chain_tokens(r, monkeypatch, opts: dict, prompt: str, num_predict: int) -> tuple[list[int], list[int]]:
     """The old engine's tokens for ``prompt`` sampled by the top_k-fed chain, then by llama.cpp's
     full chain (``topk.applies`` patched off), both from an empty slot."""
-    import runner.llamarunner.topk as topk
+    import runner.engines.llamacpp.topk as topk
 
     def tokens() -> list[int]:
         seen: list[int] = []
@@ -425,7 +425,7 @@ class _DecodeCounter:
         self.calls = 0
         self.cancel_at: tuple[int, threading.Event] | None = None  # set the event at that call
         if r.engine == "old":
-            import runner.llamarunner.runner as lr
+            import runner.engines.llamacpp.engine as lr
 
             decode = lr.L.llama_decode
 

@@ -477,7 +477,7 @@ def test_old_engine_top_k_feed_penalises_in_place_and_restores_the_row() -> None
     import ctypes
 
     from runner.api import Options
-    from runner.llamarunner.topk import TopKChain
+    from runner.engines.llamacpp.topk import TopKChain
     from runner.sample.samplers import top_ids_values
 
     rng = np.random.default_rng(5)

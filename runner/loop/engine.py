@@ -1,7 +1,7 @@
 """The Engine protocol: what the batch loop (:mod:`runner.loop.runner`) needs from a model.
 
-Two engines implement it: :class:`runner.llamarunner.runner.LlamaEngine` (llama.cpp through
-llama-cpp-python's low-level API) and :class:`runner.ollamarunner.runner.GGMLEngine` (our model
+Two engines implement it: :class:`runner.engines.llamacpp.engine.LlamaEngine` (llama.cpp through
+llama-cpp-python's low-level API) and :class:`runner.engines.ggml.engine.GGMLEngine` (our model
 code over GGML). The loop *holds* an engine; it never subclasses one and never asks which one it
 holds. Everything an engine differs in is a method here or a value it exposes.
 

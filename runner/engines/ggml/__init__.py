@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .runner import GGMLEngine, supports
+from .engine import GGMLEngine, supports
 
 __all__ = ["GGMLEngine", "supports"]

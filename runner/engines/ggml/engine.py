@@ -14,18 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from ..api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision, Options
-from ..loop.embedding import MAX_LANES, batch_size
-from ..loop.slots import ImageInput, Input, InputCache, Slot
-from ..loading.plan import LoadOptions
-from ..kvcache import Cache, NotSupported
-from ..ml.backend import BackendOptions
-from ..model import load_tokenizer
-from ..model.model import Outputs, Prepared
-from ..model.models import Batch, ModelLoadError, supported_architectures
-from ..model.models import load as load_model
-from ..sample import Sampler, SamplerOptions
-from ..sample.grammar import GrammarSampler, VocabOnly
+from ...api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision, Options
+from ...kvcache import Cache, NotSupported
+from ...loading.plan import LoadOptions
+from ...loop.embedding import MAX_LANES, batch_size
+from ...loop.slots import ImageInput, Input, InputCache, Slot
+from ...ml.backend import BackendOptions
+from ...model import load_tokenizer
+from ...model.model import Outputs, Prepared
+from ...model.models import Batch, ModelLoadError, supported_architectures
+from ...model.models import load as load_model
+from ...sample import Sampler, SamplerOptions
+from ...sample.grammar import GrammarSampler, VocabOnly
 from .vision import Vision, projector_type
 
 log = logging.getLogger(__name__)

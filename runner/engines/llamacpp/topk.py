@@ -20,9 +20,9 @@ import random
 import llama_cpp as L
 import numpy as np
 
-from ..api import Options
-from ..sample._best import best
-from ..sample.samplers import Sampler, SamplerOptions
+from ...api import Options
+from ...sample._best import best
+from ...sample.samplers import Sampler, SamplerOptions
 
 assert ctypes.sizeof(L.llama_token_data) == 12  # best.c's record: int32 id, float32 logit, float32 p
 

@@ -27,9 +27,9 @@ import llama_cpp as L
 import llama_cpp.mtmd_cpp as M
 import numpy as np
 
-from ..api import Image, InvalidModel, InvalidRequest, LoadError
-from ..images import EmbeddingCache
-from ..loop.slots import ImageInput, Input
+from ...api import Image, InvalidModel, InvalidRequest, LoadError
+from ...images import EmbeddingCache
+from ...loop.slots import ImageInput, Input
 from .llamalog import log_callback
 
 log = logging.getLogger(__name__)

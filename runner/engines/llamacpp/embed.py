@@ -15,8 +15,8 @@ import logging
 import llama_cpp as L
 import numpy as np
 
-from ..api import LoadError
-from ..loop.slots import InputCache, Slot
+from ...api import LoadError
+from ...loop.slots import InputCache, Slot
 
 log = logging.getLogger(__name__)
 

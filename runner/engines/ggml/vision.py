@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from ..api import Image, InvalidModel, LoadError
-from ..images import EmbeddingCache
-from ..loop.slots import ImageInput, Input
-from ..ml.backend import BackendOptions
-from ..model.gguf_weights import GGUFError, GGUFFile
-from ..model.model import Batch
-from ..model.multimodal import GEMMA3_END_OF_IMAGE, GEMMA3_START_OF_IMAGE
-from ..model.vision import ImageEncoder, load_projector
+from ...api import Image, InvalidModel, LoadError
+from ...images import EmbeddingCache
+from ...loop.slots import ImageInput, Input
+from ...ml.backend import BackendOptions
+from ...model.gguf_weights import GGUFError, GGUFFile
+from ...model.model import Batch
+from ...model.multimodal import GEMMA3_END_OF_IMAGE, GEMMA3_START_OF_IMAGE
+from ...model.vision import ImageEncoder, load_projector
 
 log = logging.getLogger(__name__)
 

@@ -21,16 +21,16 @@ from typing import Any, Iterator
 import llama_cpp as L
 import numpy as np
 
-from ..loading import ggufmeta
-from ..api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
-from ..loop.embedding import MAX_LANES, batch_size
-from ..loop.slots import ImageInput, Input
-from ..loading.plan import LoadOptions
-from ..sample.grammar import init_sampler
-from ..sample.samplers import Sampler, SamplerOptions
 from . import topk
-from .cache import LlamaKv
+from ...api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
+from ...loading import ggufmeta
+from ...loading.plan import LoadOptions
+from ...loop.embedding import MAX_LANES, batch_size
+from ...loop.slots import ImageInput, Input
+from ...sample.grammar import init_sampler
+from ...sample.samplers import Sampler, SamplerOptions
 from .embed import EmbedContext
+from .kv import LlamaKv
 from .llamalog import log_callback
 from .vision import Projector
 
@@ -175,7 +175,7 @@ class LlamaEngine:
         cparams.n_seq_max = num_parallel
         cparams.n_threads = cparams.n_threads_batch = load.num_thread
         cparams.embeddings = False
-        cparams.kv_unified = False  # see cache.py: one KV stream per slot, as llama-server -np N
+        cparams.kv_unified = False  # see kv.py: one KV stream per slot, as llama-server -np N
         cparams.swa_full = False  # sliding-window layers keep their window, not the whole context
         cparams.no_perf = True
         # flash attention and the KV cache type as runner.loading.plan resolved them
