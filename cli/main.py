@@ -11,31 +11,10 @@ import typer
 import runner
 from runner import config, store
 from runner.api import Message, Options, PollamaError, Request, coerce_option
-from runner.version import pollama_version
 
 from . import render
+from .app import app
 from .chat import Session, attach_images, check_think, parse_think, repl, stream_response
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="Large language model runner: ollama run, rebuilt in Python.",
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-def _print_version(value: bool) -> None:
-    if value:
-        print(f"pollama version {pollama_version()}")
-        raise typer.Exit()
-
-
-@app.callback()
-def main(
-    version: bool = typer.Option(False, "--version", "-v", callback=_print_version, is_eager=True,
-                                 help="Show pollama's version and exit"),
-) -> None:
-    """Large language model runner: ollama run, rebuilt in Python."""
-
 
 def _setup_logging(cfg: config.Config) -> None:
     level = logging.DEBUG if cfg.debug else logging.WARNING
@@ -236,6 +215,7 @@ def show(
 
 
 
+# after run, list and show, so that --help lists those first
 from . import server_cmds  # noqa: E402,F401  (registers serve, ps, stop on the app)
 from . import store_cmds  # noqa: E402,F401  (registers pull, push, create, cp, rm on the app)
 
@@ -243,12 +223,10 @@ from . import store_cmds  # noqa: E402,F401  (registers pull, push, create, cp, 
 def main() -> None:
     """The ``pollama`` command. ``--think=LEVEL`` is Ollama's spelling of an optional value, which
     click cannot parse without eating the next word (the prompt) after a bare ``--think``: it is
-    passed on as ``--think-level``. Under ``python -m cli.main`` this module is ``__main__``, and
-    the commands are registered on ``cli.main``'s app, so that is the one called."""
-    from cli.main import app as registered
-
+    passed on as ``--think-level``. Under ``python -m cli.main`` this module is ``__main__``; its
+    commands register on :data:`cli.app.app` all the same, the one app called here."""
     args = [("--think-level=" + a[len("--think="):]) if a.startswith("--think=") else a for a in sys.argv[1:]]
-    registered(args=args, prog_name="pollama")
+    app(args=args, prog_name="pollama")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import typer
 from runner import config
 
 from . import render
-from .main import app
+from .app import app
 from .tables import format_table, human_size
 
 _NO_SERVER = "could not connect to pollama server, run 'pollama serve' to start it"

@@ -20,7 +20,7 @@ from runner.store.progress import Progress
 from runner.store.pull import pull as pull_model
 
 from . import render
-from .main import app
+from .app import app
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
