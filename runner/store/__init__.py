@@ -232,7 +232,10 @@ def copy(cfg: _config.Config, source: str, destination: str) -> None:
         raise InvalidRequest("source is required")
     dest = _store_name(destination, "destination")
     layout = Layout(cfg.models)
-    resolve(source, cfg, from_network=True)  # not found: the store is left as it is
+    try:
+        resolve(source, cfg, from_network=True)  # not found: the store is left as it is
+    except InvalidModel:
+        pass  # its manifest and blob read apart, a change between them: decided under the lock
     with layout.locked():
         stored = resolve(source, cfg, from_network=True)  # again: a delete may have come first
         if stored.manifest is not None:
