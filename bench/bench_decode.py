@@ -171,7 +171,8 @@ def pollama_measure(model: str, threads: int, test: str, pp: int, tg: int, ctx: 
     from runner.api import Options, Request
 
     def load(num_ctx: int):
-        return runner.load(model, Options(num_thread=threads, num_ctx=num_ctx, num_batch=512), config.load())
+        cfg = config.load()
+        return runner.load(runner.resolve(model, cfg), Options(num_thread=threads, num_ctx=num_ctx, num_batch=512), cfg)
 
     first = contexts(ctx, pp, tg, 0)[0]
     probe = load(first)
@@ -189,7 +190,7 @@ def pollama_measure(model: str, threads: int, test: str, pp: int, tg: int, ctx: 
     def run(text: str, n: int):
         opts = Options(num_predict=n, seed=next(seeds), num_thread=threads)
         final = None
-        for chunk in r.generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
+        for chunk in r.stream(Request(prompt=text, raw=True, cache_prompt=False, options=opts)):
             if chunk.done:
                 final = chunk
         return final.metrics

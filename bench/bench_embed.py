@@ -35,7 +35,7 @@ N_INPUTS = 200
 
 def load(engine: str, threads: int):
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"))
-    r = runner.load(None, Options(num_thread=threads), cfg)
+    r = runner.load(runner.resolve(None, cfg), Options(num_thread=threads), cfg)
     assert r.engine == engine
     return r
 

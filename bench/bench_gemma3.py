@@ -47,7 +47,7 @@ def gemma3_path() -> str:
 
 def load(path: str, engine: str, threads: int, parallel: int = 1):
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"))
-    r = runner.load(path, Options(num_ctx=2048, num_batch=512, num_thread=threads), cfg, num_parallel=parallel)
+    r = runner.load(runner.resolve(path, cfg), Options(num_ctx=2048, num_batch=512, num_thread=threads), cfg, num_parallel=parallel)
     assert r.engine == engine
     return r
 
@@ -55,7 +55,7 @@ def load(path: str, engine: str, threads: int, parallel: int = 1):
 def generate(r, prompt: str, n: int):
     opts = Options(temperature=0, repeat_penalty=1.0, num_predict=n)
     final = None
-    for chunk in r.generate(Request(prompt=prompt, raw=True, cache_prompt=False, options=opts)):
+    for chunk in r.stream(Request(prompt=prompt, raw=True, cache_prompt=False, options=opts)):
         if chunk.done:
             final = chunk
     return final

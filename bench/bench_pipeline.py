@@ -41,7 +41,7 @@ STREAM_PROMPTS = ["Write a story about a lighthouse keeper.", "Explain how bread
 
 def load(model: str | None, engine: str, pipeline: bool, threads: int, parallel: int):
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), pipeline=pipeline)
-    r = runner.load(model, Options(num_ctx=1024, num_thread=threads), cfg, num_parallel=parallel)
+    r = runner.load(runner.resolve(model, cfg), Options(num_ctx=1024, num_thread=threads), cfg, num_parallel=parallel)
     assert r.engine == engine, (r.engine, engine)
     return r
 
@@ -53,7 +53,7 @@ def options(tokens: int) -> Options:
 def single(r, tokens: int) -> tuple[float, float]:
     """(prompt tok/s, decode tok/s) of one stream from an empty slot."""
     final = None
-    for chunk in r.generate(Request(prompt=PROMPT, raw=True, cache_prompt=False, options=options(tokens))):
+    for chunk in r.stream(Request(prompt=PROMPT, raw=True, cache_prompt=False, options=options(tokens))):
         if chunk.done:
             final = chunk
     m = final.metrics
@@ -66,7 +66,7 @@ def streams(r, tokens: int, n: int) -> float:
 
     def work(i: int) -> None:
         request = Request(prompt=STREAM_PROMPTS[i % len(STREAM_PROMPTS)], cache_prompt=False, options=options(tokens))
-        for chunk in r.generate(request):
+        for chunk in r.stream(request):
             if chunk.done:
                 counts[i] = chunk.metrics.eval_count
 

@@ -61,7 +61,7 @@ def median(xs):
 def load(engine: str, threads: int, num_ctx: int = 4096, parallel: int = 1, cache: bool = True):
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"))
     opts = Options(num_ctx=num_ctx, num_thread=threads)
-    r = runner.load(None, opts, cfg, num_parallel=parallel)
+    r = runner.load(runner.resolve(None, cfg), opts, cfg, num_parallel=parallel)
     assert r.engine == engine
     return r
 
@@ -95,7 +95,7 @@ def conversation(threads: int, runs: int):
             for turn, user in enumerate(USER_TURNS):
                 history.append(Message("user", user))
                 request = Request(messages=list(history), cache_prompt=(mode == "on" and turn > 0), options=opts)
-                ttft, _, final, answer = timed(r.chat(request))
+                ttft, _, final, answer = timed(r.stream(request))
                 history.append(Message("assistant", answer))
                 stats[(mode, turn)][0].append(final.metrics.prompt_eval_count)
                 stats[(mode, turn)][1].append(ttft)
@@ -116,9 +116,9 @@ def our_speed(engine: str, threads: int, prompt_tokens: list[int], n_gen: int, r
     for _ in range(runs + 1):
         opts = Options(temperature=0, repeat_penalty=1.0, num_predict=n_gen)
         t0 = time.perf_counter_ns()
-        _, total1, f1, _ = timed(r.generate(Request(prompt=text, raw=True, cache_prompt=False,
+        _, total1, f1, _ = timed(r.stream(Request(prompt=text, raw=True, cache_prompt=False,
                                                     options=dataclasses.replace(opts, num_predict=1))))
-        _, total, f, _ = timed(r.generate(Request(prompt=text, raw=True, cache_prompt=False, options=opts)))
+        _, total, f, _ = timed(r.stream(Request(prompt=text, raw=True, cache_prompt=False, options=opts)))
         n = f.metrics.eval_count
         pp.append(f1.metrics.prompt_eval_count / (total1 / 1e9))
         tg.append((n - 1) / ((total - total1) / 1e9))
@@ -155,7 +155,7 @@ def streams(engine: str, threads: int, n_streams: int, n_gen: int, runs: int) ->
         counts = [0] * n_streams
 
         def work(i):
-            _, _, f, _ = timed(r.generate(Request(prompt=prompts[i], raw=True, cache_prompt=False,
+            _, _, f, _ = timed(r.stream(Request(prompt=prompts[i], raw=True, cache_prompt=False,
                                                   options=Options(temperature=0, num_predict=n_gen))))
             counts[i] = f.metrics.eval_count
 

@@ -42,7 +42,7 @@ def _short(runner) -> tuple[float, float]:
     """(time to first token, total) in seconds."""
     start = time.perf_counter()
     first = None
-    for chunk in runner.generate(_request(SHORT, 16)):
+    for chunk in runner.stream(_request(SHORT, 16)):
         if first is None and (chunk.text or chunk.done):
             first = time.perf_counter() - start
         if chunk.done:
@@ -56,7 +56,7 @@ def one_round(runner, chunk: int) -> dict[str, float]:
 
     def run_long() -> None:
         start = time.perf_counter()
-        final = [c for c in runner.generate(_request(LONG, 1)) if c.done][0]
+        final = [c for c in runner.stream(_request(LONG, 1)) if c.done][0]
         m = final.metrics
         long_done["total"] = time.perf_counter() - start
         long_done["rate"] = m.prompt_eval_count / (m.prompt_eval_duration / 1e9)

@@ -43,13 +43,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--reps", type=int, default=200)
     args = ap.parse_args()
-    info = runner.model_info(store.resolve(None, config.load()))
+    info = runner.model_info(store.lookup(None, config.load()))
     template = info.chat_template
     assert template, "the default model has no chat template"
     kinds = {"render": ChatTemplate("jinja", template, "GGUF"), "go": ChatTemplate("go", GO_CHATML, "Modelfile"),
              "builtin": ChatTemplate("builtin", "chatml", "llama.cpp")}
     cases = {"3 messages": conversation(1)[:3], "41 messages": conversation(20)}
-    r = runner.load(None, Options(num_thread=1), config.load())
+    cfg = config.load()
+    r = runner.load(runner.resolve(None, cfg), Options(num_thread=1), cfg)
     texts = {name: prompt.render(kinds["render"], messages) for name, messages in cases.items()}
     for name, messages in cases.items():  # the three give one prompt (parsed once: cached)
         assert prompt.render(kinds["go"], messages) == prompt.render(kinds["builtin"], messages) == texts[name]

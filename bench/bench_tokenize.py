@@ -216,7 +216,7 @@ def end_to_end(sizes: list[str]) -> None:
     print("|---|---|---:|---:|---:|---:|---:|")
     for engine in ("old", "new"):
         cfg = dataclasses.replace(config.load(), new_engine=engine == "new")
-        model = runner.load(None, Options(num_ctx=512), cfg, num_parallel=1)
+        model = runner.load(runner.resolve(None, cfg), Options(num_ctx=512), cfg, num_parallel=1)
         calls = 0
         tokenize = model.tokenize
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import runner  # noqa: E402
 from runner import config  # noqa: E402
 from runner.api import Message, Options, Request, Tool, ToolChoice  # noqa: E402
+from runner.template.prompt import request_template  # noqa: E402
 
 
 def _obj(props: dict, required: list[str]) -> dict:
@@ -114,7 +115,7 @@ def main() -> None:
     args = ap.parse_args()
     template = (ROOT / "tests" / "data" / "templates" / "qwen2.5.jinja").read_text()
     cfg = dataclasses.replace(config.load(), new_engine=args.engine == "new")
-    r = runner.load(None, Options(num_ctx=2048, num_thread=args.threads), cfg)
+    r = runner.load(runner.resolve(None, cfg), Options(num_ctx=2048, num_thread=args.threads), cfg)
     modes = [("parse only (Ollama)", ToolChoice(), False), ("auto, lazy grammar", ToolChoice(), True),
              ("required, grammar", ToolChoice("required"), True)]
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; model {Path(r.info.path).name}, "
@@ -128,10 +129,10 @@ def main() -> None:
             good = text_only = broken = tokens = 0
             for prompt in PROMPTS[: args.prompts]:
                 history = SHOTS if args.shots else []
-                req = Request(messages=[*history, Message("user", prompt)], template=template, tools=TOOLS, tool_choice=choice,
+                req = Request(messages=[*history, Message("user", prompt)], chat_template=request_template(template), tools=TOOLS, tool_choice=choice,
                               tool_grammar=grammar, options=Options(temperature=0, num_predict=args.num_predict))
                 calls, texts = [], []
-                for chunk in r.chat(req):
+                for chunk in r.stream(req):
                     calls.extend(chunk.tool_calls or [])
                     texts.append(chunk.text)
                     if chunk.done:

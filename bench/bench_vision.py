@@ -43,7 +43,7 @@ def first_token_ms(r, messages) -> tuple[float, int, int]:
     t0 = time.perf_counter()
     first = None
     final = None
-    for chunk in r.chat(Request(messages=messages, options=Options().merged({"temperature": 0, "num_predict": 2}))):
+    for chunk in r.stream(Request(messages=messages, options=Options().merged({"temperature": 0, "num_predict": 2}))):
         if first is None:
             first = time.perf_counter()
         if chunk.done:
@@ -53,8 +53,8 @@ def first_token_ms(r, messages) -> tuple[float, int, int]:
 
 def load(proj: Path, engine: str, threads: int):
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new")
-    r = runner.load(str(GEMMA3), Options().merged({"num_ctx": 1024, "num_thread": threads}), cfg,
-                    num_parallel=1, projector=str(proj))
+    r = runner.load(runner.resolve(str(GEMMA3), cfg, projector=str(proj)),
+                    Options().merged({"num_ctx": 1024, "num_thread": threads}), cfg, num_parallel=1)
     assert r.engine == engine, r.engine
     return r
 

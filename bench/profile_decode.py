@@ -121,7 +121,7 @@ def locate(model: str) -> str:
 def profile(model: str, engine: str, tokens: int, threads: int, greedy: bool, use_cprofile: bool,
             push: bool = False) -> None:
     cfg = dataclasses.replace(config.load(), new_engine=(engine == "new"))
-    r = runner.load(locate(model), Options(num_thread=threads, num_ctx=2048, num_batch=512), cfg)
+    r = runner.load(runner.resolve(locate(model), cfg), Options(num_thread=threads, num_ctx=2048, num_batch=512), cfg)
     assert r.engine == engine, r.engine
     opts = Options(num_predict=tokens, seed=42, num_thread=threads)
     if greedy:

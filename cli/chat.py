@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from prompt_toolkit import PromptSession
 from prompt_toolkit.history import FileHistory, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 
 import runner
-from runner.api import Chunk, InvalidRequest, Message, Options, PollamaError, Request, coerce_option
-from runner.template.features import features
+from runner import prepare
+from runner.api import Chunk, Message, PollamaError, Request, coerce_option
 
 from . import imagefiles, render
 
@@ -130,21 +131,6 @@ def stream_response(chunks: Iterator[Chunk], writer: render.StreamWriter,
     return "".join(parts), final, "".join(thoughts)
 
 
-def parse_think(value: str | None) -> bool | str | None:
-    """``--think`` (true), ``--think=high|medium|low``, ``--think=false``; None when not given.
-    Raises PollamaError for anything else."""
-    if value is None:
-        return None
-    level = value.strip().lower()
-    if level in ("true", ""):
-        return True
-    if level == "false":
-        return False
-    if level in ("high", "medium", "low"):
-        return level
-    raise InvalidRequest(f"invalid value for --think: {value!r} (use high, medium or low)")
-
-
 def attach_images(text: str, vision: bool) -> tuple[str, list]:
     """The prompt without the image paths it names and the images, with Ollama's "Added image"
     line for each on stderr. Raises PollamaError (one line) for a missing file or no vision."""
@@ -154,50 +140,46 @@ def attach_images(text: str, vision: bool) -> tuple[str, list]:
     return text, images
 
 
-def check_think(model: str | None, loaded: runner.Runner, think: bool | str | None) -> None:
-    """Refuse ``think`` for a model that does not reason (Ollama's message)."""
-    if think not in (None, False) and features(runner.model_template(loaded.info)).thinking is None:
-        raise InvalidRequest(f'"{model or loaded.info.name}" does not support thinking')
-
-
 @dataclass
 class Session:
-    model: str | None
+    """One REPL: the model (resolved once), its runner, and what the user has set. Each turn is
+    prepared as every request is (:func:`runner.prepare.prepare`): the model's MESSAGEs and
+    SYSTEM come from there, so ``history`` holds only this session's turns."""
+
+    model: runner.ResolvedModel
     runner: runner.Runner
-    options: dict = field(default_factory=dict)  # user-set parameters, by name
+    options: dict = field(default_factory=dict)  # parameters by name: the model's, then the user's
     system: str | None = None
-    messages: list[Message] = field(default_factory=list)
+    history: list[Message] = field(default_factory=list)
     verbose: bool = False
     wordwrap: bool = True
     format: str | None = None
     think: bool | str | None = None
     hide_thinking: bool = False
-    projector: str | None = None  # --mmproj: the vision projector of the model given by path
-    load: Callable[..., runner.Runner] = runner.load
 
     def print_history(self) -> None:
         """The conversation so far (a model's MESSAGEs), as Ollama shows it at the start."""
-        for message in self.messages:
+        for message in self.model.defaults.messages:
             if message.role == "user":
                 print(f">>> {message.content}")
             elif message.role == "assistant":
                 print(f"{message.content}\n")
 
-    def request_options(self) -> Options:
-        return Options().merged(self.options)
+    def check_think(self, think: bool | str | None) -> None:
+        """Refuse ``think`` for a model that does not reason, as a turn would (Ollama's message)."""
+        prepare.prepare(self.model, Request(think=think), self.options)
 
     def chat(self, text: str) -> None:
-        msgs = list(self.messages)
-        if self.system:
-            msgs = [Message("system", self.system)] + [m for m in msgs if m.role != "system"]
-        text, images = attach_images(text, self.runner.info.vision)
-        msgs.append(Message("user", text, images=images))
-        request = Request(messages=msgs, options=self.request_options(), format=self.format, think=self.think)
+        text, images = attach_images(text, self.model.info.vision)
+        turn = Message("user", text, images=images)
+        request = Request(messages=[*self.history, turn], system=self.system, format=self.format, think=self.think)
+        prepare.prepare(self.model, request, self.options)
+        t0 = time.perf_counter_ns()
         writer = render.StreamWriter(wordwrap=self.wordwrap)
-        answer, final, thought = stream_response(self.runner.chat(request), writer, self.hide_thinking)
-        self.messages.append(Message("user", text, images=images))
-        self.messages.append(Message("assistant", answer, thinking=thought))
+        answer, final, thought = stream_response(self.runner.stream(request), writer, self.hide_thinking)
+        self.history += [turn, Message("assistant", answer, thinking=thought)]
         if self.verbose and final is not None and final.metrics is not None:
+            final.metrics.total_duration = time.perf_counter_ns() - t0
             render.print_metrics(final.metrics, self.runner.engine)
 
     # --------------------------------------------------------------------------- commands
@@ -216,7 +198,7 @@ class Session:
         elif cmd == "/show":
             self._show(args)
         elif cmd == "/clear":
-            self.messages = []
+            self.history = []
             print("Cleared session context")
         elif cmd == "/load":
             self._load(args)
@@ -245,18 +227,14 @@ class Session:
                 return
             try:
                 value = coerce_option(name, values if name == "stop" else values[0])
+                options = prepare.options(self.model, {**self.options, name: value})  # the ranges rule
+                if name == "num_ctx" and value != self.options.get("num_ctx"):
+                    new = runner.load(self.model, options)
+                    self.runner.close()
+                    self.runner = new
             except PollamaError as err:
                 print(f"Couldn't set parameter: {err}")
                 return
-            if name == "num_ctx" and value != self.options.get("num_ctx"):
-                try:
-                    new = self.load(self.model, Options().merged({**self.options, "num_ctx": value}),
-                                    projector=self.projector)
-                except PollamaError as err:
-                    print(f"Couldn't set parameter: {err}")
-                    return
-                self.runner.close()
-                self.runner = new
             self.options[name] = value
             shown = ", ".join(repr(v) for v in value) if name == "stop" else values[0]
             print(f"Set parameter '{name}' to '{shown}'")
@@ -283,8 +261,8 @@ class Session:
             print("Disabled format.")
         elif what in ("think", "nothink"):
             try:
-                think = parse_think(args[1] if len(args) > 1 else "true") if what == "think" else False
-                check_think(self.model, self.runner, think)
+                think = prepare.think_level(args[1] if len(args) > 1 else True, "think") if what == "think" else False
+                self.check_think(think)
             except PollamaError as err:
                 print(f"Couldn't set think: {err}")
                 return
@@ -306,7 +284,7 @@ class Session:
                 ("context length", info.context_length),
                 ("embedding length", info.embedding_length),
                 ("quantization", info.quantization),
-                ("template", runner.model_template(info).describe()),
+                ("template", self.model.template.describe()),
             ]
             print("  Model")
             for key, value in rows:
@@ -323,7 +301,7 @@ class Session:
         elif what == "system":
             print(self.system or "No system message was specified for this model.")
         elif what == "template":
-            print(runner.model_template(info).show())
+            print(self.model.template.show())
         else:
             print(HELP_SHOW)
 
@@ -335,12 +313,14 @@ class Session:
         if len(args) != 1:
             print("Usage:\n  /save <modelname>")
             return
+        messages = [*self.model.defaults.messages, *self.history]  # a new model's MESSAGEs replace its base's
         spec = CreateSpec(model=args[0], system=self.system, parameters=dict(self.options),
-                          messages=[{"role": m.role, "content": m.content} for m in self.messages])
-        if self.model and store.looks_like_path(self.model) and not store.is_default_name(self.model):
-            spec.from_file = Path(self.model).expanduser()
+                          messages=[{"role": m.role, "content": m.content} for m in messages])
+        name = self.model.name
+        if store.looks_like_path(name) and not store.is_default_name(name):
+            spec.from_file = Path(name).expanduser()
         else:
-            spec.from_ = self.model or store.DEFAULT_MODEL
+            spec.from_ = name
         try:
             for _ in create(config.load(), spec):
                 pass
@@ -356,12 +336,13 @@ class Session:
         print(f"Loading model '{args[0]}'")
         try:
             with render.Spinner():
-                new = self.load(args[0], self.request_options())
+                model = runner.resolve(args[0])
+                new = runner.load(model, prepare.options(model, self.options))
         except PollamaError as err:
             render.error(str(err))
             return
         self.runner.close()
-        self.runner, self.model, self.messages, self.projector = new, args[0], [], None
+        self.runner, self.model, self.history = new, model, []
 
 
 def _key_bindings() -> KeyBindings:

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import List, Optional
 
 import typer
 
 import runner
-from runner import config, store
-from runner.api import Message, Options, PollamaError, Request, coerce_option
+from runner import config, prepare, store
+from runner.api import Message, PollamaError, Request, coerce_option
 
 from . import render
 from .app import app
-from .chat import Session, attach_images, check_think, parse_think, repl, stream_response
+from .chat import Session, attach_images, repl, stream_response
 
 def _setup_logging(cfg: config.Config) -> None:
     level = logging.DEBUG if cfg.debug else logging.WARNING
@@ -88,18 +89,20 @@ def run(
 ) -> None:
     """Run a model: a chat REPL on a terminal, or a one-shot answer to PROMPT (or piped stdin).
     Image files named in the prompt (./cat.png, ~/a.jpg) go to a model with vision."""
+    t0 = time.perf_counter_ns()  # a one-shot's total_duration counts its load, as Ollama's does
     cfg = config.load()
     _setup_logging(cfg)
     if format not in (None, "", "json"):
         raise _fail(f'invalid format "{format}": only "json" is supported')
-    model, words = _split_model_and_prompt(list(args or []), cfg)
+    name, words = _split_model_and_prompt(list(args or []), cfg)
     user_options = _parse_options(option)
     from .store_cmds import resolve_or_pull
 
     try:
-        thinks = parse_think(think_level if think_level is not None else "true" if think else None)
-        defaults = store.model_defaults(resolve_or_pull(cfg, model, insecure))
-        options = runner.checked_options(Options().merged(defaults.params).merged(user_options))
+        given = (think_level or "true") if think_level is not None else True if think else None  # bare --think=: on
+        thinks = prepare.think_level(given, "--think")
+        model = resolve_or_pull(cfg, name, insecure, mmproj)
+        options = prepare.options(model, user_options)
     except PollamaError as err:
         raise _fail(str(err))
     except KeyboardInterrupt:
@@ -116,37 +119,34 @@ def run(
         interactive = False
     try:
         with render.Spinner(enabled=interactive or None):
-            loaded = runner.load(model, options, cfg, projector=mmproj)
+            loaded = runner.load(model, options, cfg)
     except PollamaError as err:
         raise _fail(str(err))
     try:
-        check_think(model, loaded, thinks)
         if interactive:
-            session = Session(model=model, runner=loaded, options={**defaults.params, **user_options},
+            session = Session(model=model, runner=loaded, options={**model.defaults.params, **user_options},
                               verbose=verbose, wordwrap=not nowordwrap, format=format or None,
-                              system=defaults.system, messages=list(defaults.messages),
-                              think=thinks, hide_thinking=hidethinking, projector=mmproj)
+                              system=model.defaults.system, think=thinks, hide_thinking=hidethinking)
+            session.check_think(thinks)
             session.print_history()
             repl(session, nohistory=cfg.nohistory)
             loaded = session.runner
             return
         text = " ".join(prompts)
         if not text.strip():
+            prepare.prepare(model, Request(think=thinks), user_options)  # what a turn would refuse
             return  # nothing to say: the model was loaded (Ollama's preload), done
-        text, images = attach_images(text, loaded.info.vision)
+        text, images = attach_images(text, model.info.vision)
         writer = render.StreamWriter(wordwrap=not nowordwrap)
-        if defaults.messages:  # the model's MESSAGEs start the conversation: a chat turn
-            messages = store.starting_messages(defaults, [Message("user", text, images=images)])
-            request = Request(messages=messages, system=defaults.system, options=options,
-                              format=format or None, think=thinks)
-            chunks = loaded.chat(request)
+        if model.defaults.messages:  # the model's MESSAGEs start the conversation: a chat turn
+            request = Request(messages=[Message("user", text, images=images)], format=format or None, think=thinks)
         else:
-            request = Request(prompt=text, images=images, system=defaults.system, options=options,
-                              format=format or None, think=thinks)
-            chunks = loaded.generate(request)
-        _, final, _ = stream_response(chunks, writer, hidethinking)
+            request = Request(prompt=text, images=images, format=format or None, think=thinks)
+        prepare.prepare(model, request, user_options)
+        _, final, _ = stream_response(loaded.stream(request), writer, hidethinking)
         if verbose and final is not None and final.metrics is not None:
             final.metrics.load_duration = loaded.load_duration
+            final.metrics.total_duration = time.perf_counter_ns() - t0
             render.print_metrics(final.metrics, loaded.engine)
     except PollamaError as err:
         raise _fail(str(err))
@@ -164,7 +164,7 @@ def list_models(prefix: Optional[str] = typer.Argument(None, help="Only models w
     cfg = config.load()
     rows = []
     try:
-        default = store.resolve(None, cfg)
+        default = store.lookup(None, cfg)
         rows.append(default)
     except PollamaError:
         pass
@@ -195,12 +195,12 @@ def show(
         raise _fail("only one of '--license', '--modelfile', '--parameters', '--system', or '--template' can be specified")
     cfg = config.load()
     try:
-        stored = store.resolve(model, cfg)
-        info = runner.model_info(stored)
+        resolved = runner.resolve(model, cfg)
     except PollamaError as err:
         raise _fail(str(err))
+    stored, info = resolved.stored, resolved.info
     if flags == ["template"]:  # the template prompts are rendered with, whichever kind it is
-        print(runner.model_template(info).show())
+        print(resolved.template.show())
         return
     if flags:
         shown = shown_of(store.Layout(cfg.models), stored, info.chat_template or "",
@@ -211,7 +211,7 @@ def show(
         elif flags[0] == "system":
             print("No system message was specified for this model.")
         return
-    print(show_text(info, verbose))
+    print(show_text(resolved, verbose))
 
 
 

@@ -11,6 +11,7 @@ from typing import Iterator, List, Optional
 
 import typer
 
+import runner
 from runner import config, store
 from runner.loading import ggufmeta
 from runner.api import PollamaError
@@ -148,15 +149,16 @@ def remove(models: List[str] = typer.Argument(..., help="Models to remove")) -> 
         print(f"deleted '{name}'")
 
 
-def resolve_or_pull(cfg: config.Config, model: str | None, insecure: bool) -> store.StoredModel:
-    """``pollama run NAME``: the model, pulled first when the store does not have it (Ollama's
-    behaviour; a path or the default model is never pulled)."""
+def resolve_or_pull(cfg: config.Config, model: str | None, insecure: bool,
+                    projector: str | None = None) -> runner.ResolvedModel:
+    """``pollama run NAME``: :func:`runner.resolve`, the model pulled first when the store does
+    not have it (Ollama's behaviour; a path or the default model is never pulled)."""
     try:
-        return store.resolve(model, cfg)
+        return runner.resolve(model, cfg, projector=projector)
     except PollamaError as err:
         missing = isinstance(err, store.ModelNotFound)
         if not (missing and model and store.is_name(model) and not store.is_default_name(model)
                 and not store.looks_like_path(model)):
             raise
     pull_with_progress(cfg, model, insecure)
-    return store.resolve(model, cfg)
+    return runner.resolve(model, cfg, projector=projector)

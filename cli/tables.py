@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
-from runner import model_template
-from runner.api import ModelInfo, PollamaError
+from runner import ResolvedModel
+from runner.api import PollamaError
 from runner.loading.ggufmeta import read_gguf_header
 from runner.template.features import capabilities
 from runner.store import StoredModel
@@ -65,19 +65,20 @@ def _projector_rows(path: str) -> list[tuple[str, object]]:
             ("dimensions", meta.get("clip.vision.projection_dim", "unknown"))]
 
 
-def show_text(info: ModelInfo, verbose: bool = False) -> str:
+def show_text(model: ResolvedModel, verbose: bool = False) -> str:
+    info = model.info
     rows = [
         ("architecture", info.architecture),
         ("parameters", info.metadata.get("general.size_label") or "unknown"),
         ("context length", info.context_length),
         ("embedding length", info.embedding_length),
         ("quantization", info.quantization),
-        ("template", model_template(info).describe()),
+        ("template", model.template.describe()),
     ]
     out = ["  Model"] + [f"    {k:<20}{v}" for k, v in rows]
     if info.projector:
         out += ["", "  Projector"] + [f"    {k:<20}{v}" for k, v in _projector_rows(info.projector)]
-    out += ["", "  Capabilities"] + [f"    {c}" for c in capabilities(info)]
+    out += ["", "  Capabilities"] + [f"    {c}" for c in capabilities(info, model.template)]
     if info.metadata.get("general.license"):
         out += ["", "  License", f"    {info.metadata['general.license']}"]
     if verbose:

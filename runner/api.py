@@ -287,7 +287,7 @@ class ChatTemplate:
 
 @dataclass
 class Request:
-    """One generation. Exactly one of ``prompt`` (generate) or ``messages`` (chat) is used.
+    """One generation: a chat when ``messages`` is set, else a completion of ``prompt``.
 
     ``cancel`` may be set from any thread: the sequence stops at the next batch and frees its slot.
     """
@@ -296,11 +296,11 @@ class Request:
     messages: list[Message] | None = None
     images: list[Image] = field(default_factory=list)  # generate's images (chat: each message's own)
     system: str | None = None
-    template: str | None = None  # a chat template (Go, as Ollama takes it, or Jinja) overriding the model's
+    template: str | None = None  # the request's own template text (Go, as Ollama takes it, or Jinja)
     raw: bool = False  # prompt is sent as is, no template
-    # the template chosen by the caller for the model it named (runner.template.prompt.select), which
-    # wins over ``template``: a server shares one runner among store models with one GGUF and
-    # different TEMPLATEs. None: the runner chooses from ``template`` and its own model.
+    # the template prompts are rendered with, chosen by runner.prepare.prepare from ``template`` and
+    # the model the caller named (a server shares one runner among store models with one GGUF and
+    # different TEMPLATEs). None: the loaded model's own.
     chat_template: ChatTemplate | None = None
     context: list[int] | None = None  # /api/generate's deprecated token context, prepended
     format: str | dict | None = None  # "json" or a JSON schema
@@ -334,6 +334,10 @@ class Metrics:
 
     ``prompt_eval_count`` counts the prompt tokens *evaluated* by this request; the tokens reused
     from the slot cache are ``prompt_cached_count`` (their sum is the prompt length).
+
+    Each field has one owner: the runner fills the counts and the eval durations; the caller (the
+    CLI, the server) fills ``load_duration`` (the load this request waited for, if any) and
+    ``total_duration`` (from when the request began, its load included, as Ollama reports it).
     """
 
     prompt_eval_count: int = 0
@@ -385,7 +389,6 @@ class ModelInfo:
     quantization: str
     chat_template: str | None  # the GGUF's tokenizer.chat_template (Jinja)
     metadata: dict[str, Any]
-    store_template: str | None = None  # the store model's TEMPLATE layer (Go), when it has one
     projector: str | None = None  # the vision projector GGUF (store ``projector`` layer or --mmproj)
 
     @property

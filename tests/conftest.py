@@ -32,7 +32,8 @@ def load(model: str | os.PathLike | None, engine: str = "old", *, num_parallel: 
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), multiuser_cache=multiuser,
                               pipeline=pipeline)
     options.setdefault("num_ctx", 2048)
-    r = runner.load(None if model is None else str(model), Options().merged(options), cfg, num_parallel=num_parallel)
+    resolved = runner.resolve(None if model is None else str(model), cfg)
+    r = runner.load(resolved, Options().merged(options), cfg, num_parallel=num_parallel)
     assert r.engine == engine, f"asked for the {engine} engine, got {r.engine}"
     return r
 

@@ -108,20 +108,20 @@ def test_gemma3_without_a_template_chats_with_the_gemma_builtin(gemma3_path):
     import runner
     from tests.conftest import collect
 
-    r = runner.load(str(gemma3_path), Options(num_ctx=512))
+    r = runner.load(runner.resolve(str(gemma3_path)), Options(num_ctx=512))
     try:
         assert r.info.chat_template is None
-        chosen = prompt.model_template(r.info)
+        chosen = r.prompter.template  # the loaded model's, chosen by runner.resolve
         assert (chosen.kind, chosen.source) == ("builtin", "gemma")
         assert "gemma3" in chosen.describe()
         msgs = [Message("system", "Answer in one word."), Message("user", "What color is the sky?")]
         assert r.render_chat(msgs) == llama_cpp_apply("gemma", msgs)
         opts = Options(temperature=0, num_predict=12)
-        answer, final = collect(r.chat(Request(messages=msgs, options=opts)))
+        answer, final = collect(r.stream(Request(messages=msgs, options=opts)))
         assert answer.strip()
         msgs2 = msgs + [Message("assistant", answer), Message("user", "And grass?")]
         assert r.render_chat(msgs2) == llama_cpp_apply("gemma", msgs2)
-        _, final2 = collect(r.chat(Request(messages=msgs2, options=opts)))
+        _, final2 = collect(r.stream(Request(messages=msgs2, options=opts)))
         # the cache hit: turn 1's prompt (and the answer, as far as gemma's trim keeps it) is reused
         p1 = len(r.tokenize(r.render_chat(msgs)))
         assert final2.metrics.prompt_cached_count >= p1

@@ -181,7 +181,7 @@ def _generate(r, prompt: str, num_predict: int):  # type: ignore[no-untyped-def]
     from runner.api import Options, Request
     from tests.conftest import collect
 
-    return collect(r.generate(Request(prompt=prompt, raw=True, options=Options().merged({**GREEDY, "num_predict": num_predict}))))
+    return collect(r.stream(Request(prompt=prompt, raw=True, options=Options().merged({**GREEDY, "num_predict": num_predict}))))
 
 
 def _load(gemma3: Path, engine: str, **options):  # type: ignore[no-untyped-def]
@@ -245,7 +245,7 @@ def test_memory_reservation_and_ps_size_cover_the_window_cache(gemma3: Path) -> 
     from runner import model_info as read_info
     from runner import store
 
-    info = read_info(store.resolve(str(gemma3)))
+    info = read_info(store.lookup(str(gemma3)))
     r = _load(gemma3, "new", num_ctx=8192)
     try:
         plan = loadplan.reservation(info, 8192, 1, 128, "f16", False, "new")

@@ -57,7 +57,7 @@ def test_every_case_is_refused_before_loading(cases):
     passed, bad = [], {}
     for name, path in cases.items():
         try:
-            runner.model_info(store.resolve(str(path), config.load({})))
+            runner.model_info(store.lookup(str(path), config.load({})))
             passed.append(name)
         except runner.InvalidModel as err:
             message = str(err)
@@ -70,7 +70,7 @@ def test_vocab_only_file_has_its_own_message(cases):
     vocab = STORIES.parents[1] / "vocab" / "ggml-vocab-llama-spm.gguf"
     for path in (cases["vocab_only"], vocab):
         with pytest.raises(runner.InvalidModel, match="no weights .*vocabulary-only") as err:
-            runner.model_info(store.resolve(str(path), config.load({})))
+            runner.model_info(store.lookup(str(path), config.load({})))
         assert "truncated" not in str(err.value)
 
 

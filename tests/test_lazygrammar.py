@@ -16,6 +16,7 @@ from runner.sample.grammar import GrammarSampler, VocabOnly, init_sampler
 from runner.sample.lazygrammar import TagTrigger
 from runner.sample.toolgrammar import tool_call_grammar
 from runner.reply.toolcalls import ToolSyntax
+from runner.template.prompt import request_template
 
 QWEN = ToolSyntax("<tool_call>\n", "\n</tool_call>")
 WEATHER = Tool("get_weather", "Get the current weather in a city",
@@ -156,11 +157,11 @@ def test_a_call_after_text_is_well_formed(engine):
     template = (TEMPLATES / "ollama-qwen2.5.gotmpl").read_text()
 
     def reply(grammar: bool):
-        request = Request(messages=SHOTS + [Message("user", "How warm is it in New York City?")], template=template,
+        request = Request(messages=SHOTS + [Message("user", "How warm is it in New York City?")], chat_template=request_template(template),
                           tools=[WEATHER, ADD], tool_grammar=grammar)
         request.options.temperature = 0
         request.options.num_predict = 50
-        chunks = list(r.chat(request))
+        chunks = list(r.stream(request))
         return "".join(c.text for c in chunks), [c for chunk in chunks for c in chunk.tool_calls or []]
 
     try:

@@ -17,7 +17,9 @@ import httpx
 import numpy as np
 import pytest
 
-from runner import checked_options
+import runner
+from runner import config
+from runner.prepare import checked as checked_options
 from runner.api import InvalidRequest, Options
 from tests.conftest import STORIES, TINYSTORIES
 from tests.serverproc import ServerProcess
@@ -110,8 +112,9 @@ def _one_line(stderr: str) -> str:
 # ----------------------------------------------------------------------------------- the rule
 def test_option_ranges_are_one_rule():
     opts = checked_options(Options(num_ctx=2**31 - 1, num_batch=2**40, num_thread=10**6, top_k=2**40))
-    assert opts.num_ctx == 1 << 20 and opts.num_batch == 1 << 20
-    assert opts.num_thread == 4 * (os.cpu_count() or 1) and opts.top_k == 2**31 - 1
+    assert opts.num_ctx == 1 << 20 and opts.num_batch == 1 << 20 and opts.top_k == 2**31 - 1
+    plan = runner.load_options(runner.resolve(None).info, opts, config.load({}))  # num_thread: the load's rule
+    assert plan.num_thread == 4 * (os.cpu_count() or 1)
     with pytest.raises(InvalidRequest, match="temperature"):
         checked_options(Options(temperature=float("inf")))
 

@@ -16,7 +16,7 @@ PROMPTS = ["Once upon a time", "The little dog", "Lily wanted to"]
 
 
 def run(r, prompt, **opts):
-    text, final = collect(r.generate(Request(prompt=prompt, raw=True, options=Options().merged({**GREEDY, **opts}))))
+    text, final = collect(r.stream(Request(prompt=prompt, raw=True, options=Options().merged({**GREEDY, **opts}))))
     return text, final.done_reason, final.metrics.eval_count, final.context
 
 
@@ -68,7 +68,7 @@ def test_pipelined_parallel_sequences_match_inline_serial(pair):
 def test_pipelined_cancel_frees_the_slot_and_keeps_the_cache_right(pair):
     inline, piped, _ = pair
     request = Request(prompt="Once upon a time", raw=True, options=Options().merged({**GREEDY, "num_predict": -1}))
-    stream = piped.generate(request)
+    stream = piped.stream(request)
     for _ in range(5):
         next(stream)
     request.cancel.set()

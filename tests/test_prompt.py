@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.template import prompt
-from runner.api import InvalidRequest, Message
+from runner.api import InvalidRequest, Message, Request
 from tests.conftest import load
 
 CHATML = (
@@ -77,7 +77,7 @@ def test_chatml_turn_prefix_on_smollm2():
 
         msgs = [Message("user", "Name three colors.")]
         p1 = r.tokenize(r.render_chat(msgs))
-        answer, final = collect(r.chat(Request(messages=msgs, options=Options(temperature=0, num_predict=40))))
+        answer, final = collect(r.stream(Request(messages=msgs, options=Options(temperature=0, num_predict=40))))
         generated = final.context[len(p1):]
         msgs2 = msgs + [Message("assistant", answer), Message("user", "And three animals?")]
         p2 = r.tokenize(r.render_chat(msgs2))
@@ -103,9 +103,9 @@ def test_first_prompt_token_is_kept(engine):
         assert not r.model_engine.add_bos
         im_start = r.tokenize("<|im_start|>", add_special=False)
         assert len(im_start) == 1
-        for request, chat in ((Request(prompt="hi", options=Options(num_predict=1, temperature=0)), False),
-                              (Request(messages=[Message("user", "hi")], options=Options(num_predict=1, temperature=0)), True)):
-            _, final = collect(r.chat(request) if chat else r.generate(request))
+        for request in (Request(prompt="hi", options=Options(num_predict=1, temperature=0)),
+                        Request(messages=[Message("user", "hi")], options=Options(num_predict=1, temperature=0))):
+            _, final = collect(r.stream(request))
             assert final.context[:2] == im_start + r.tokenize("system", add_special=False)
     finally:
         r.close()
@@ -114,7 +114,7 @@ def test_first_prompt_token_is_kept(engine):
         assert r.model_engine.add_bos
         bos = r.tokenize("", add_special=True)
         assert len(bos) == 1
-        _, final = collect(r.generate(Request(prompt="Once upon", options=Options(num_predict=1, temperature=0))))
+        _, final = collect(r.stream(Request(prompt="Once upon", options=Options(num_predict=1, temperature=0))))
         assert final.context[0] == bos[0] and final.context[1] != bos[0]
     finally:
         r.close()
@@ -202,35 +202,49 @@ GO_CHATML = ('{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_
 
 
 def _info(architecture="llama", chat_template=None, store_template=None):
+    """A model's facts, with its store TEMPLATE beside them (as runner.resolve finds both)."""
     from runner.api import ModelInfo
 
-    return ModelInfo(name="m", path="/m.gguf", architecture=architecture, size=0, context_length=0,
+    info = ModelInfo(name="m", path="/m.gguf", architecture=architecture, size=0, context_length=0,
                      embedding_length=0, parameter_count=0, quantization="Q8_0", chat_template=chat_template,
-                     metadata={}, store_template=store_template)
+                     metadata={})
+    return info, store_template
+
+
+def _select(request_template, model):
+    """The template runner.prepare.prepare chooses for a request to ``model`` (an ``_info``)."""
+    from runner.loading.resolve import ResolvedModel
+    from runner.prepare import prepare
+    from runner.store import ModelDefaults
+
+    info, store_template = model
+    resolved = ResolvedModel("m", None, info, ModelDefaults(template=store_template),
+                             prompt.model_template(info, store_template))
+    return prepare(resolved, Request(prompt="x", template=request_template)).chat_template
 
 
 def test_which_template_wins():
     """request > the store's TEMPLATE (Go) > the GGUF's Jinja > llama.cpp's built-in > plain."""
     every = _info("gemma3", chat_template=CHATML, store_template=GO_CHATML)
-    assert prompt.select("{{ .Prompt }}", every) == prompt.ChatTemplate("go", "{{ .Prompt }}", "the request's template")
-    assert prompt.select(None, every).kind == "go" and prompt.select(None, every).source == GO_CHATML
-    assert prompt.select("", every).source == GO_CHATML  # an empty request template is none
-    assert prompt.select(None, _info("gemma3", chat_template=CHATML)).kind == "jinja"
-    builtin = prompt.select(None, _info("gemma3"))
+    assert _select("{{ .Prompt }}", every) == prompt.ChatTemplate("go", "{{ .Prompt }}", "the request's template")
+    assert _select(None, every).kind == "go" and _select(None, every).source == GO_CHATML
+    assert _select("", every).source == GO_CHATML  # an empty request template is none
+    assert _select(None, _info("gemma3", chat_template=CHATML)).kind == "jinja"
+    builtin = _select(None, _info("gemma3"))
     assert (builtin.kind, builtin.source) == ("builtin", "gemma") and "gemma3" in builtin.describe()
-    assert prompt.select(None, _info("llama")).kind == "plain"
+    assert _select(None, _info("llama")).kind == "plain"
     # a TEMPLATE a user wrote in Jinja (Jinja's tags) renders as Jinja
-    assert prompt.select(None, _info(store_template=CHATML)).kind == "jinja"
+    assert _select(None, _info(store_template=CHATML)).kind == "jinja"
     # the same messages, each way
     msgs = [Message("user", "hi")]
-    for chosen in (prompt.select(None, every), prompt.select(None, _info(chat_template=CHATML))):
+    for chosen in (_select(None, every), _select(None, _info(chat_template=CHATML))):
         assert prompt.render(chosen, msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert prompt.render(builtin, msgs) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
-    assert prompt.render(prompt.select(None, _info()), msgs) == "hi"
+    assert prompt.render(_select(None, _info()), msgs) == "hi"
     # what /show template prints
-    assert prompt.select(None, every).show() == GO_CHATML
+    assert _select(None, every).show() == GO_CHATML
     assert "gemma" in builtin.show() and "\n" not in builtin.show()
-    assert "No prompt template" in prompt.select(None, _info()).show()
+    assert "No prompt template" in _select(None, _info()).show()
 
 
 def test_a_request_template_is_go_or_jinja():

@@ -47,15 +47,15 @@ def test_pull_writes_blobs_and_manifest_then_the_model_runs(registry, cfg):
     assert layer_events[-1].completed == layer_events[-1].total == STORIES.stat().st_size
     assert events[1].wire() == {"status": events[1].status, "digest": events[1].digest,
                                 "total": events[1].total, "completed": events[1].completed}
-    stored = store.resolve(name, cfg)
+    stored = store.lookup(name, cfg)
     assert stored.path.read_bytes() == STORIES.read_bytes()
     assert not list((cfg.models / "blobs").glob("*partial*"))
     defaults = store.model_defaults(stored)
     assert defaults.system == "You tell tiny stories." and defaults.params == {"temperature": 0.25}
     options = Options(num_ctx=256, temperature=0, num_predict=4)
-    loaded = runner.load(name, options, cfg)
+    loaded = runner.load(runner.resolve(name, cfg), options, cfg)
     try:
-        assert "".join(c.text for c in loaded.generate(Request(prompt="Once upon", options=options)))
+        assert "".join(c.text for c in loaded.stream(Request(prompt="Once upon", options=options)))
     finally:
         loaded.close()
     # the blob came through the registry's redirect, as registry.ollama.ai sends it
@@ -81,7 +81,7 @@ def test_resumed_pull_after_a_dropped_connection(registry, cfg):
     assert ranges == [f"bytes={size // 3}-"]
     resumed = [e for e in events if e.digest == digest]
     assert resumed[1].completed == size // 3  # progress starts where the partial file ended
-    assert store.resolve(name, cfg).path.read_bytes() == STORIES.read_bytes()
+    assert store.lookup(name, cfg).path.read_bytes() == STORIES.read_bytes()
     assert not partial.exists()
 
 
@@ -136,10 +136,10 @@ def test_pull_of_a_new_version_prunes_the_old_blobs(registry, cfg):
     registry.add_model("library", "m", "latest", STORIES)
     name = registry.name("library", "m", "latest")
     list(pull(cfg, name, insecure=True))
-    old = store.resolve(name, cfg).path
+    old = store.lookup(name, cfg).path
     registry.add_model("library", "m", "latest", TINYSTORIES)
     list(pull(cfg, name, insecure=True))
-    assert store.resolve(name, cfg).path.read_bytes() == TINYSTORIES.read_bytes()
+    assert store.lookup(name, cfg).path.read_bytes() == TINYSTORIES.read_bytes()
     assert not old.exists()
 
 

@@ -435,4 +435,4 @@ def test_a_pull_that_worked_still_works(registry, tmp_path):
     result, _ = pull_cli(registry.name("library", "gz", "latest"), tmp_path)
     assert result.returncode == 0, result.stderr
     cfg = config.load({"OLLAMA_MODELS": str(tmp_path / "models")})
-    assert store.resolve(registry.name("library", "gz", "latest"), cfg).path.read_bytes() == STORIES.read_bytes()
+    assert store.lookup(registry.name("library", "gz", "latest"), cfg).path.read_bytes() == STORIES.read_bytes()

@@ -15,12 +15,12 @@ GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
 
 
 def chat(r, messages, **opts):
-    return collect(r.chat(Request(messages=messages, options=Options().merged({**GREEDY, **opts}))))
+    return collect(r.stream(Request(messages=messages, options=Options().merged({**GREEDY, **opts}))))
 
 
 def generate(r, prompt, raw=True, **kw):
     opts = kw.pop("options", {})
-    return collect(r.generate(Request(prompt=prompt, raw=raw, options=Options().merged({**GREEDY, **opts}), **kw)))
+    return collect(r.stream(Request(prompt=prompt, raw=raw, options=Options().merged({**GREEDY, **opts}), **kw)))
 
 
 @pytest.fixture
@@ -90,7 +90,7 @@ def test_no_shift_stops_at_context(engine):
     try:
         request = Request(prompt="Once upon a time", raw=True, shift=False,
                           options=Options().merged({**GREEDY, "num_predict": 400}))
-        _, final = collect(r.generate(request))
+        _, final = collect(r.stream(request))
         assert final.done_reason is DoneReason.LENGTH and final.metrics.eval_count < 64
     finally:
         r.close()
@@ -157,7 +157,7 @@ def test_parallel_sequences_match_serial(engine):
 
 def test_cancel_frees_the_slot(smollm):
     request = Request(prompt="Write a long story about a dragon.", options=Options().merged({**GREEDY, "num_predict": 500}))
-    stream = smollm.generate(request)
+    stream = smollm.stream(request)
     first = next(stream)
     assert not first.done
     request.cancel.set()
@@ -165,7 +165,7 @@ def test_cancel_frees_the_slot(smollm):
     assert rest and rest[-1].done and rest[-1].done_reason is DoneReason.CONNECTION_CLOSED
     assert smollm.pending() == 0
     # closing an iterator early cancels as well
-    stream = smollm.generate(Request(prompt="Tell me a story.", options=Options().merged({**GREEDY, "num_predict": 500})))
+    stream = smollm.stream(Request(prompt="Tell me a story.", options=Options().merged({**GREEDY, "num_predict": 500})))
     next(stream)
     stream.close()
     _, final = generate(smollm, "Hi", options={"num_predict": 2})
@@ -175,14 +175,14 @@ def test_cancel_frees_the_slot(smollm):
 def test_format_json(smollm):
     request = Request(messages=[Message("user", "Give me a JSON object describing a cat with a name and an age.")],
                       format="json", options=Options().merged({**GREEDY, "num_predict": 80}))
-    text, final = collect(smollm.chat(request))
+    text, final = collect(smollm.stream(request))
     assert final.done_reason is DoneReason.STOP, text
     assert isinstance(json.loads(text), dict)
 
 
 def test_bad_input(smollm):
     with pytest.raises(InvalidRequest):
-        smollm.generate(Request(prompt="", raw=True))
+        smollm.stream(Request(prompt="", raw=True))
     with pytest.raises(InvalidRequest):
         Options().merged({"temperature": "hot"})
     # as Ollama: unknown (or dropped) names are ignored, null values leave the default
@@ -209,7 +209,7 @@ def test_cache_prompt_off_evaluates_everything(smollm):
     msgs = [Message("user", "Hello there, how are you?")]
     _, first = chat(smollm, msgs, num_predict=2)
     request = Request(messages=msgs, cache_prompt=False, options=Options().merged({**GREEDY, "num_predict": 2}))
-    _, again = collect(smollm.chat(request))
+    _, again = collect(smollm.stream(request))
     assert again.metrics.prompt_cached_count == 0
     assert again.metrics.prompt_eval_count == first.metrics.prompt_eval_count
 
@@ -221,7 +221,7 @@ def test_closed_runner_and_bad_token_ids_raise_clear_errors(engine):
     with pytest.raises(InvalidRequest, match="invalid token ids"):
         r.detokenize([r.n_vocab + 5])
     r.close()
-    for call in (lambda: r.tokenize("hi"), lambda: r.generate(Request(prompt="hi", raw=True)),
+    for call in (lambda: r.tokenize("hi"), lambda: r.stream(Request(prompt="hi", raw=True)),
                  lambda: r.detokenize([1])):
         with pytest.raises(LoadError, match="unloaded"):
             call()
@@ -250,14 +250,14 @@ def test_submit_pushes_the_stream_from_the_loop_thread(engine):
         text, _ = generate(r, "Once upon a time", options={"num_predict": 16})
         inbox = _Inbox()
         r.submit(Request(prompt="Once upon a time", raw=True,
-                         options=Options().merged({**GREEDY, "num_predict": 16})), False, inbox)
+                         options=Options().merged({**GREEDY, "num_predict": 16})), inbox)
         items = inbox.wait()
         assert "".join(c.text for c in items) == text
         assert items[-1].done_reason is DoneReason.LENGTH and items[-1].metrics.eval_count == 16
         assert sum(c.done for c in items) == 1
         assert inbox.threads == {r._thread.name}  # no thread per stream: the batch loop delivers
         with pytest.raises(PromptTooLong):  # bad requests fail at submit, not in the stream
-            r.submit(Request(prompt="Once upon a time " * 100, raw=True, truncate=False), False, _Inbox())
+            r.submit(Request(prompt="Once upon a time " * 100, raw=True, truncate=False), _Inbox())
     finally:
         r.close()
 
@@ -269,12 +269,12 @@ def test_cancelled_before_a_slot_still_ends_its_stream(engine):
         long = Options().merged({**GREEDY, "num_predict": -1})  # 10 × num_ctx tokens, through shifts
         a = Request(prompt="Once upon a time", raw=True, options=long)
         a_inbox = _Inbox()
-        r.submit(a, False, a_inbox)
+        r.submit(a, a_inbox)
         b = Request(prompt="The little dog", raw=True, options=long)
         b_inbox = _Inbox()
-        r.submit(b, False, b_inbox)
+        r.submit(b, b_inbox)
         c = Request(prompt="Lily wanted to", raw=True, options=long)
-        c_stream = r.generate(c)
+        c_stream = r.stream(c)
         b.cancel.set()
         c.cancel.set()
         (b_last,) = b_inbox.wait()
@@ -287,7 +287,7 @@ def test_cancelled_before_a_slot_still_ends_its_stream(engine):
         assert r.pending() == 0
         # a runner that closes ends the pushed streams it holds with an error
         d_inbox = _Inbox()
-        r.submit(Request(prompt="Once upon a time", raw=True, options=long), False, d_inbox)
+        r.submit(Request(prompt="Once upon a time", raw=True, options=long), d_inbox)
         r.close()
         assert isinstance(d_inbox.wait()[-1], Exception)
     finally:
@@ -324,7 +324,7 @@ def test_embedding_is_not_starved_by_a_generation_in_a_lower_slot(engine):
     r = load(STORIES, engine, num_parallel=2, num_ctx=512)
     try:
         request = Request(prompt="Once upon a time", raw=True, options=Options().merged({**GREEDY, "num_predict": -1}))
-        stream = r.generate(request)  # thousands of tokens through shifts: holds a slot for a while
+        stream = r.stream(request)  # thousands of tokens through shifts: holds a slot for a while
         next(stream)
         vectors = r.embed(["the sky is blue"]).vectors
         assert len(vectors) == 1 and r.pending() == 1  # the embedding went through meanwhile
@@ -347,7 +347,7 @@ def test_old_engine_greedy_matches_llama_cpp_sampler_chain(penalties):
             # of 1 instead of the prompt's batch) moves logits by float rounding, enough to flip a
             # near-tie dozens of tokens later; this test compares samplers, not cache paths
             options = Options().merged({**GREEDY, "num_predict": 80, **penalties, **opts})
-            return collect(r.chat(Request(messages=msgs, options=options, cache_prompt=False)))
+            return collect(r.stream(Request(messages=msgs, options=options, cache_prompt=False)))
 
         greedy, _ = cold_chat(temperature=0.0)
         chain, _ = cold_chat(temperature=0.7, top_k=1, seed=3)
@@ -382,7 +382,7 @@ def old_engine_chain_tokens(r, monkeypatch, opts: dict, prompt: str, num_predict
         options = Options().merged({"num_predict": num_predict, "seed": 11, **opts})
         with monkeypatch.context() as m:
             m.setattr(r.model_engine, "sample", recording)
-            collect(r.generate(Request(prompt=prompt, raw=True, options=options, cache_prompt=False)))
+            collect(r.stream(Request(prompt=prompt, raw=True, options=options, cache_prompt=False)))
         return seen
 
     fed = tokens()

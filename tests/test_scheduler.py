@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from conftest import STORIES, TINYSTORIES
+import runner
 from runner import config
 from runner import LoadOptions
 from runner.api import ModelInfo, Options, ServerBusy
@@ -41,7 +42,12 @@ class FakeRunner:
 
 def make(log: list, **cfg_values) -> Scheduler:
     cfg = dataclasses.replace(config.load({}), **cfg_values)
-    return Scheduler(cfg, load=lambda info, plan, cfg: FakeRunner(info, plan, cfg, log))
+    return Scheduler(cfg, load=lambda model, plan, cfg: FakeRunner(model.info, plan, cfg, log))
+
+
+def resolve(s: Scheduler, name: str):
+    """A request's model, as the service resolves it (``runner.resolve`` of a network name)."""
+    return runner.resolve(name, s.cfg, from_network=True)
 
 
 def run(coro):
@@ -58,12 +64,12 @@ def test_requests_share_one_runner_and_reload_on_new_load_options():
 
     async def scenario():
         s = make(log)
-        m1 = await s.acquire(s.resolve(A), Options(), None)
-        m2 = await s.acquire(s.resolve(A), Options(temperature=0.1), None)  # sampling options: same runner
+        m1 = await s.acquire(resolve(s, A), Options(), None)
+        m2 = await s.acquire(resolve(s, A), Options(temperature=0.1), None)  # sampling options: same runner
         assert m1 is m2 and m1.refs == 2
         s.release(m1)
         s.release(m2)
-        m3 = await s.acquire(s.resolve(A), Options(num_ctx=256), None)  # load-time option: reload
+        m3 = await s.acquire(resolve(s, A), Options(num_ctx=256), None)  # load-time option: reload
         assert m3 is not m1 and m1.runner.closed.is_set()
         s.release(m3)
         await s.close()
@@ -77,8 +83,8 @@ def test_reload_waits_for_the_model_to_go_idle():
 
     async def scenario():
         s = make(log)
-        busy = await s.acquire(s.resolve(A), Options(), None)
-        waiter = asyncio.ensure_future(s.acquire(s.resolve(A), Options(num_ctx=128), None))
+        busy = await s.acquire(resolve(s, A), Options(), None)
+        waiter = asyncio.ensure_future(s.acquire(resolve(s, A), Options(num_ctx=128), None))
         await settle()
         assert not waiter.done() and not busy.runner.closed.is_set()
         s.release(busy)
@@ -96,9 +102,9 @@ def test_max_loaded_models_unloads_the_least_recently_used_idle_model():
     async def scenario():
         s = make(log, max_loaded_models=2)
         for name in (A, B):
-            s.release(await s.acquire(s.resolve(name), Options(), None))
-        s.release(await s.acquire(s.resolve(A), Options(), None))  # A is now the most recently used
-        s.release(await s.acquire(s.resolve(C), Options(), None))
+            s.release(await s.acquire(resolve(s, name), Options(), None))
+        s.release(await s.acquire(resolve(s, A), Options(), None))  # A is now the most recently used
+        s.release(await s.acquire(resolve(s, C), Options(), None))
         loaded = {m.name for m in s.loaded.values()}
         assert loaded == {A, "smollm2:135m"}
         await s.close()
@@ -112,8 +118,8 @@ def test_a_busy_model_is_not_evicted():
 
     async def scenario():
         s = make(log, max_loaded_models=1)
-        busy = await s.acquire(s.resolve(A), Options(), None)
-        waiter = asyncio.ensure_future(s.acquire(s.resolve(B), Options(), None))
+        busy = await s.acquire(resolve(s, A), Options(), None)
+        waiter = asyncio.ensure_future(s.acquire(resolve(s, B), Options(), None))
         await settle()
         assert not waiter.done() and A in s.loaded
         s.release(busy)
@@ -130,16 +136,16 @@ def test_keep_alive_zero_unloads_when_idle_and_negative_never_expires():
 
     async def scenario():
         s = make(log)
-        m = await s.acquire(s.resolve(A), Options(), 0)
+        m = await s.acquire(resolve(s, A), Options(), 0)
         assert A in {x.name for x in s.loaded.values()}
         s.release(m)
         assert m.key not in s.loaded  # out of service at once
         await settle()
         assert m.runner.closed.is_set()
-        forever = await s.acquire(s.resolve(B), Options(), -1)
+        forever = await s.acquire(resolve(s, B), Options(), -1)
         s.release(forever)
         assert forever.timer is None and forever.expires_at.year > 2200
-        short = await s.acquire(s.resolve(C), Options(), 0.05)
+        short = await s.acquire(resolve(s, C), Options(), 0.05)
         s.release(short)
         await asyncio.sleep(0.2)
         assert short.runner.closed.is_set() and short.key not in s.loaded
@@ -153,13 +159,13 @@ def test_queue_bound_answers_busy():
 
     async def scenario():
         s = make(log, num_parallel=1, max_queue=1)
-        first = await s.acquire(s.resolve(A), Options(), None)  # holds the only slot
-        second = await s.acquire(s.resolve(A), Options(), None)  # waits in the runner's queue
+        first = await s.acquire(resolve(s, A), Options(), None)  # holds the only slot
+        second = await s.acquire(resolve(s, A), Options(), None)  # waits in the runner's queue
         with pytest.raises(ServerBusy, match="maximum pending requests exceeded") as info:
-            await s.acquire(s.resolve(A), Options(), None)
+            await s.acquire(resolve(s, A), Options(), None)
         assert str(info.value) == BUSY_MESSAGE and info.value.status == 503
         s.release(second)
-        third = await s.acquire(s.resolve(A), Options(), None)  # room again
+        third = await s.acquire(resolve(s, A), Options(), None)  # room again
         for m in (first, third):
             s.release(m)
         await s.close()
@@ -178,7 +184,7 @@ def test_a_client_leaving_mid_load_does_not_leak_the_runner():
     async def scenario():
         cfg = dataclasses.replace(config.load({}))
         s = Scheduler(cfg, load=slow_load)
-        task = asyncio.ensure_future(s.acquire(s.resolve(A), Options(), 0))
+        task = asyncio.ensure_future(s.acquire(resolve(s, A), Options(), 0))
         await settle()
         task.cancel()
         await settle()
@@ -199,10 +205,10 @@ def test_shutdown_refuses_new_requests():
 
     async def scenario():
         s = make(log)
-        s.release(await s.acquire(s.resolve(A), Options(), None))
+        s.release(await s.acquire(resolve(s, A), Options(), None))
         await s.close()
         assert not s.loaded and log[-1][0] == "close"
         with pytest.raises(Exception, match="shutting down"):
-            await s.acquire(s.resolve(A), Options(), None)
+            await s.acquire(resolve(s, A), Options(), None)
 
     run(scenario())

@@ -18,20 +18,20 @@ from tests.conftest import SMOLLM2, STORIES
 
 def test_default_model_by_no_name_and_by_name():
     for name in (None, "", "smollm2:135m"):
-        m = store.resolve(name)
+        m = store.lookup(name)
         assert m.path == SMOLLM2 and m.name == "smollm2:135m"
 
 
 def test_path(tmp_path):
-    m = store.resolve(str(STORIES))
+    m = store.lookup(str(STORIES))
     assert m.path == STORIES.resolve()
 
 
 def test_missing_file_and_model():
     with pytest.raises(ModelNotFound, match="no such file"):
-        store.resolve("/nonexistent/model.gguf")
+        store.lookup("/nonexistent/model.gguf")
     with pytest.raises(ModelNotFound, match='model "nosuch:latest" not found|model "nosuch" not found'):
-        store.resolve("nosuch")
+        store.lookup("nosuch")
 
 
 def install_in_store(models_dir, name: str, tag: str, gguf_path) -> str:
@@ -57,13 +57,13 @@ def test_ollama_store_layout(tmp_path):
     digest = install_in_store(models, "stories", "latest", STORIES)
     cfg = config.load({"OLLAMA_MODELS": str(models)})
     for name in ("stories", "stories:latest", "library/stories:latest", "registry.ollama.ai/library/stories:latest"):
-        m = store.resolve(name, cfg)
+        m = store.lookup(name, cfg)
         assert m.path.name == f"sha256-{digest}" and m.name == "stories:latest"
     assert [m.name for m in store.list_models(cfg)] == ["stories:latest"]
     with pytest.raises(ModelNotFound):
-        store.resolve("stories:other", cfg)
+        store.lookup("stories:other", cfg)
     # the store model runs
-    r = runner.load("stories", cfg=cfg)
+    r = runner.load(runner.resolve("stories", cfg), cfg=cfg)
     try:
         assert r.info.name == "stories:latest"
     finally:
@@ -74,7 +74,7 @@ def test_not_a_gguf(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_text("hello")
     with pytest.raises(InvalidModel, match="not a GGUF file"):
-        runner.load(str(bad))
+        runner.load(runner.resolve(str(bad)))
 
 
 @pytest.mark.parametrize("keep", [3, 100, 100_000, None])
@@ -83,7 +83,7 @@ def test_truncated(tmp_path, keep):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: keep if keep is not None else len(data) - 1000])
     with pytest.raises(InvalidModel, match="truncated|not a GGUF"):
-        runner.load(str(cut))
+        runner.load(runner.resolve(str(cut)))
 
 
 def test_architecture_llama_cpp_cannot_load(tmp_path):
@@ -96,4 +96,4 @@ def test_architecture_llama_cpp_cannot_load(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(InvalidModel, match="alienarch"):
-        runner.load(str(path))
+        runner.load(runner.resolve(str(path)))

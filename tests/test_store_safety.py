@@ -146,7 +146,7 @@ def test_fuzzed_names_never_leave_the_store(tmp_path):
     for name in TRAVERSAL + fuzz_names(3000, seed=8):
         for call in (lambda: store.delete(cfg, name), lambda: store.copy(cfg, "tiny:src", name),
                      lambda: store.copy(cfg, name, "tiny:dst"),
-                     lambda: store.resolve(name, cfg, from_network=True)):
+                     lambda: store.lookup(name, cfg, from_network=True)):
             try:
                 call()
             except (PollamaError, InvalidName):
@@ -247,7 +247,7 @@ def test_invalid_names_in_store_changes_are_400(sandbox):
 
 def test_cli_refuses_traversal_in_show(tmp_path):
     with pytest.raises(ModelNotFound):
-        store.resolve("registry.ollama.ai/../../../etc/passwd:x", config.load({"OLLAMA_MODELS": str(tmp_path)}))
+        store.lookup("registry.ollama.ai/../../../etc/passwd:x", config.load({"OLLAMA_MODELS": str(tmp_path)}))
     with pytest.raises(InvalidRequest):
         store.delete(config.load({"OLLAMA_MODELS": str(tmp_path)}), "x/../../y:z")
 

@@ -18,6 +18,7 @@ import pytest
 from runner.template import ollama as ollamatemplate
 from runner.api import Message, Options, Request
 from runner.template.sandbox import RenderBudget
+from runner.template.prompt import request_template
 from tests.conftest import SMOLLM2, collect, load
 from tests.serverproc import ServerProcess
 from tests.test_chattemplates import gemma3_path, llama_cpp_apply  # noqa: F401 (a fixture)
@@ -88,7 +89,7 @@ def test_pollama_run_uses_the_store_template(models, smol, tmp_path):
     counts = re.search(r"prompt eval count:\s+(\d+) token", out.stdout + out.stderr)
     assert counts and int(counts.group(1)) == len(expected)
     # the same prompt, in process, gives the same greedy answer
-    answer, _ = collect(smol.generate(Request(prompt=question, template=GO_TEMPLATE,
+    answer, _ = collect(smol.stream(Request(prompt=question, chat_template=request_template(GO_TEMPLATE),
                                               options=Options(temperature=0, num_predict=8))))
     assert answer.strip() and answer.strip() in out.stdout
     # the model next to it, with the same GGUF, keeps the GGUF's template
@@ -206,9 +207,9 @@ def test_a_go_template_conversation_hits_the_cache(smol):
     message is evaluated."""
     opts = Options(temperature=0, num_predict=8)
     msgs = [Message("user", "Name a color.")]
-    answer, first = collect(smol.chat(Request(messages=msgs, template=GO_TEMPLATE, options=opts)))
+    answer, first = collect(smol.stream(Request(messages=msgs, chat_template=request_template(GO_TEMPLATE), options=opts)))
     msgs2 = msgs + [Message("assistant", answer), Message("user", "And an animal?")]
-    _, second = collect(smol.chat(Request(messages=msgs2, template=GO_TEMPLATE, options=opts)))
+    _, second = collect(smol.stream(Request(messages=msgs2, chat_template=request_template(GO_TEMPLATE), options=opts)))
     turn1 = first.metrics.prompt_tokens + first.metrics.eval_count
     assert second.metrics.prompt_cached_count >= turn1 - 1, (first.metrics, second.metrics)
     assert second.metrics.prompt_tokens == len(smol.tokenize(go_prompt(msgs2)))

@@ -645,7 +645,7 @@ def test_new_engine_falls_back_on_a_refused_vocabulary(pre: str, engine: str, tm
     cfg = config.load({"OLLAMA_NEW_ENGINE": "1"})
     assert cfg.new_engine
     with caplog.at_level("WARNING", logger="runner"):
-        r = runner.load(str(path), Options(num_ctx=128), cfg, num_parallel=1)
+        r = runner.load(runner.resolve(str(path), cfg), Options(num_ctx=128), cfg, num_parallel=1)
     try:
         assert r.engine == engine
         notices = [rec for rec in caplog.records if "using the old engine" in rec.getMessage()]
@@ -653,7 +653,7 @@ def test_new_engine_falls_back_on_a_refused_vocabulary(pre: str, engine: str, tm
             assert len(notices) == 1 and f"unsupported pre-tokenizer {pre!r}" in notices[0].getMessage()
         else:
             assert notices == []
-        chunks = list(r.generate(Request(prompt="the sun", raw=True, options=Options(num_predict=4, temperature=0))))
+        chunks = list(r.stream(Request(prompt="the sun", raw=True, options=Options(num_predict=4, temperature=0))))
         assert chunks[-1].done and chunks[-1].metrics.eval_count == 4
     finally:
         r.close()

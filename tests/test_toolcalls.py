@@ -132,10 +132,13 @@ def test_capabilities_follow_the_template():
     def info(tpl: str | None) -> ModelInfo:
         return ModelInfo("m", "/m.gguf", "llama", 0, 0, 0, 0, "Q4_0", tpl, {})
 
-    assert capabilities(info(template("qwen2.5").source)) == ["completion", "tools"]
-    assert capabilities(info(template("qwen3").source)) == ["completion", "tools", "thinking"]
-    assert capabilities(info(template("deepseek-r1-distill-qwen").source)) == ["completion", "thinking"]
-    assert capabilities(info(None)) == ["completion"]
+    def of(tpl: str | None) -> list[str]:
+        return capabilities(info(tpl), prompt.model_template(info(tpl)))
+
+    assert of(template("qwen2.5").source) == ["completion", "tools"]
+    assert of(template("qwen3").source) == ["completion", "tools", "thinking"]
+    assert of(template("deepseek-r1-distill-qwen").source) == ["completion", "thinking"]
+    assert of(None) == ["completion"]
     assert capabilities(info(None), ChatTemplate("go", "{{ .Prompt }}<fim>{{ .Suffix }}", "x")) == ["completion", "insert"]
 
 

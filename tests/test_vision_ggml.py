@@ -40,7 +40,8 @@ def mmproj(tmp_path_factory) -> Path:
 def _load(model: Path, projector: Path | None, engine: str, **options):
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"))
     opts = Options().merged({"num_ctx": 512, "num_batch": 64, **options})
-    r = runner.load(str(model), opts, cfg, num_parallel=1, projector=str(projector) if projector else None)
+    r = runner.load(runner.resolve(str(model), cfg, projector=str(projector) if projector else None), opts, cfg,
+                    num_parallel=1)
     assert r.engine == engine
     return r
 
@@ -62,7 +63,7 @@ def old(gemma3, mmproj):  # noqa: F811
 def _generate(r, data: bytes, n: int = 12):
     request = Request(prompt=PROMPT.format("[img-0]"), raw=True, images=[image_from_bytes(data)],
                       options=Options().merged({**GREEDY, "num_predict": n}))
-    return list(r.generate(request))[-1]
+    return list(r.stream(request))[-1]
 
 
 def test_the_new_engine_lays_an_image_out_as_libmtmd_does(new, old):
@@ -105,28 +106,28 @@ def test_second_turn_reuses_the_image_without_encoding_it(new):
     opts = Options().merged({**GREEDY, "num_predict": 6})
     before = dataclasses.replace(stats)
     messages = [Message("user", "Describe it.", images=[image])]
-    text1, final1 = collect(new.chat(Request(messages=messages, options=opts)))
+    text1, final1 = collect(new.stream(Request(messages=messages, options=opts)))
     assert (stats.encodes, stats.decodes) == (before.encodes + 1, before.decodes + 1)
     messages += [Message("assistant", text1), Message("user", "And the colours?")]
-    _, final2 = collect(new.chat(Request(messages=messages, options=opts)))
+    _, final2 = collect(new.stream(Request(messages=messages, options=opts)))
     assert (stats.encodes, stats.decodes) == (before.encodes + 1, before.decodes + 1)  # the slot held it
     assert final2.metrics.prompt_cached_count >= final1.metrics.prompt_tokens - 1
     # the same picture in a new conversation: decoded again, but its embedding stayed on the host
-    collect(new.chat(Request(messages=[Message("system", "new conversation"),
+    collect(new.stream(Request(messages=[Message("system", "new conversation"),
                                        Message("user", "two", images=[image])], options=opts)))
     assert (stats.encodes, stats.decodes) == (before.encodes + 1, before.decodes + 2)
 
 
 def test_a_text_only_request_on_the_vision_model_matches(new, old, gemma3):  # noqa: F811
     request = Request(prompt="Once upon a time", options=Options().merged({**GREEDY, "num_predict": 12}))
-    ours = collect(new.generate(request))[1]
+    ours = collect(new.stream(request))[1]
     plain = _load(gemma3, None, "new")
     try:
-        alone = collect(plain.generate(request))[1]
+        alone = collect(plain.stream(request))[1]
     finally:
         plain.close()
     assert ours.context == alone.context
-    assert ours.context == collect(old.generate(request))[1].context
+    assert ours.context == collect(old.stream(request))[1].context
 
 
 def _prompt(r, data: bytes):

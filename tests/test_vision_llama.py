@@ -45,7 +45,8 @@ def mmproj(tmp_path_factory) -> Path:
 def _load(model: Path, projector: Path | None, **options):
     cfg = dataclasses.replace(config.load({}), new_engine=False)
     opts = Options().merged({"num_ctx": 512, "num_batch": 64, **options})
-    return runner.load(str(model), opts, cfg, num_parallel=1, projector=str(projector) if projector else None)
+    return runner.load(runner.resolve(str(model), cfg, projector=str(projector) if projector else None), opts, cfg,
+                       num_parallel=1)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def test_greedy_tokens_after_an_image_match_libmtmd(vision, size, fmt):
     prompt = "<start_of_turn>user\n{}What is in this picture?<end_of_turn>\n<start_of_turn>model\n"
     request = Request(prompt=prompt.format("[img-0]"), raw=True, images=[image_from_bytes(data)],
                       options=Options().merged({**GREEDY, "num_predict": 12}))
-    chunks = list(vision.generate(request))
+    chunks = list(vision.stream(request))
     final = chunks[-1]
     ours = final.context[final.metrics.prompt_tokens - IMAGE_TOKENS:]  # the context holds no image positions
     want = _oracle(vision, prompt.format(M.mtmd_default_marker().decode()).encode(), data, 12)
@@ -110,17 +111,17 @@ def test_second_turn_reuses_the_image_without_encoding_it(vision):
     opts = Options().merged({**GREEDY, "num_predict": 6})
     before = dataclasses.replace(vision.model_engine.vision.stats)
     messages = [Message("user", "Describe it.", images=[image])]
-    text1, final1 = collect(vision.chat(Request(messages=messages, options=opts)))
+    text1, final1 = collect(vision.stream(Request(messages=messages, options=opts)))
     assert vision.model_engine.vision.stats.encodes == before.encodes + 1
     assert vision.model_engine.vision.stats.decodes == before.decodes + 1
     messages += [Message("assistant", text1), Message("user", "And the colours?")]
-    _, final2 = collect(vision.chat(Request(messages=messages, options=opts)))
+    _, final2 = collect(vision.stream(Request(messages=messages, options=opts)))
     assert vision.model_engine.vision.stats.encodes == before.encodes + 1  # no re-encode
     assert vision.model_engine.vision.stats.decodes == before.decodes + 1  # the slot held its positions
     assert final2.metrics.prompt_cached_count >= final1.metrics.prompt_tokens - 1
     # another picture is a different input: encoded and decoded once more
     other = [Message("user", "Describe it.", images=[image_from_bytes(picture(128, 96, seed=8))])]
-    collect(vision.chat(Request(messages=other, options=opts)))
+    collect(vision.stream(Request(messages=other, options=opts)))
     assert vision.model_engine.vision.stats.encodes == before.encodes + 2
 
 
@@ -129,9 +130,9 @@ def test_the_image_embedding_is_cached_across_slots_of_a_conversation(vision):
     but not encoded: the embedding stays on the host."""
     image = image_from_bytes(picture(64, 64, seed=11))
     opts = Options().merged({**GREEDY, "num_predict": 2})
-    collect(vision.chat(Request(messages=[Message("user", "one", images=[image])], options=opts)))
+    collect(vision.stream(Request(messages=[Message("user", "one", images=[image])], options=opts)))
     before = dataclasses.replace(vision.model_engine.vision.stats)
-    collect(vision.chat(Request(messages=[Message("system", "new conversation"),
+    collect(vision.stream(Request(messages=[Message("system", "new conversation"),
                                           Message("user", "two", images=[image])], options=opts)))
     assert vision.model_engine.vision.stats.encodes == before.encodes
     assert vision.model_engine.vision.stats.decodes == before.decodes + 1
@@ -143,9 +144,9 @@ def test_an_image_for_a_model_without_vision_is_refused():
         assert not r.info.vision
         image = image_from_bytes(picture(32, 32))
         with pytest.raises(NoVision, match="this model is missing data required for image input"):
-            r.chat(Request(messages=[Message("user", "hi", images=[image])]))
+            r.stream(Request(messages=[Message("user", "hi", images=[image])]))
         with pytest.raises(NoVision):
-            r.generate(Request(prompt="hi", images=[image]))
+            r.stream(Request(prompt="hi", images=[image]))
     finally:
         r.close()
 
@@ -161,7 +162,7 @@ def test_an_image_needs_a_batch_that_holds_it(gemma3, mmproj):  # noqa: F811
     r = _load(gemma3, mmproj, num_batch=8)
     try:
         with pytest.raises(InvalidRequest, match="num_batch to at least 16"):
-            r.generate(Request(prompt="x", images=[image_from_bytes(picture(32, 32))]))
+            r.stream(Request(prompt="x", images=[image_from_bytes(picture(32, 32))]))
     finally:
         r.close()
 
@@ -169,7 +170,7 @@ def test_an_image_needs_a_batch_that_holds_it(gemma3, mmproj):  # noqa: F811
 def _greedy_steps(r, messages, opts) -> list:
     """The greedy answer to ``messages``, one TokenLogprob (with the top two candidates) a token."""
     steps = []
-    for chunk in r.chat(Request(messages=messages, options=opts, logprobs=True, top_logprobs=2)):
+    for chunk in r.stream(Request(messages=messages, options=opts, logprobs=True, top_logprobs=2)):
         steps.extend(chunk.logprobs or [])
     return steps
 
@@ -204,7 +205,7 @@ def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj, p
         alone = [_greedy_steps(r, m, opts) for m in prompts]
         r.close()
         cfg = dataclasses.replace(config.load({}), new_engine=False, pipeline=pipeline)
-        r2 = runner.load(str(gemma3), Options().merged({"num_ctx": 256, "num_batch": 64}), cfg,
+        r2 = runner.load(runner.resolve(str(gemma3), cfg), Options().merged({"num_ctx": 256, "num_batch": 64}), cfg,
                          num_parallel=2, projector=str(mmproj))
         together: list[list] = [[], []]
 

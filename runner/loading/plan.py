@@ -1,8 +1,6 @@
 """Load-time decisions both engines share, made before either of them allocates anything.
 
-- :func:`checked_options`: the ranges rule for options, for ``pollama run`` and the server alike
-  (non-finite numbers refused; counts the engines would overflow or choke on clamped);
-- :func:`resolve_load_options`: the :class:`LoadOptions` a load uses (context, batch, threads,
+- :func:`load_options`: the :class:`LoadOptions` a load uses (context, batch, threads,
   slots, KV cache type, flash attention), resolved once for both engines and the scheduler;
 - :func:`kv_cache_type`: ``OLLAMA_KV_CACHE_TYPE`` as the engines can honour it (the one place
   that falls back to f16);
@@ -15,13 +13,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 from dataclasses import dataclass
 
 from .. import config as _config
 from . import ggufmeta
-from ..api import InvalidRequest, LoadError, ModelInfo, Options
+from ..api import LoadError, ModelInfo, Options
 from .cpus import default_threads
 from ..kvcache.cells import cache_geometry
 from .memory import available_memory
@@ -29,33 +26,13 @@ from ..model.sliding import SlidingWindow
 
 log = logging.getLogger(__name__)
 
-MAX_CTX = 1 << 20  # num_ctx (and num_batch) above this are clamped: no model is trained longer
-INT32 = 2**31 - 1
+MAX_CTX = 1 << 20  # num_ctx above this is clamped: no model is trained longer
 THREADS_PER_CPU = 4  # num_thread is clamped to this many per CPU
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
 _KV_BLOCK = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}  # elements and bytes per block
 CELL_PADDING = 256  # both engines round the cache up to a multiple of this
 MEMORY_MARGIN = 0.9  # refuse when the reservation needs more than this share of what is available
 GiB = 2**30
-
-
-# -------------------------------------------------------------------------------------- options
-def checked_options(options: Options) -> Options:
-    """``options`` with the ranges rule applied (in place, and returned): a float that is not a
-    finite number is refused (InvalidRequest); ``num_ctx`` and ``num_batch`` are clamped to 2^20,
-    ``num_thread`` to 4 per CPU, ``top_k``, ``num_gpu`` and ``main_gpu`` to int32. Lengths the
-    runner bounds itself (num_predict, num_keep, repeat_last_n) pass through."""
-    for name in Options.names():
-        value = getattr(options, name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InvalidRequest(f"invalid value for option {name!r}: {value!r}")
-    options.num_thread = min(options.num_thread, THREADS_PER_CPU * (os.cpu_count() or 1))
-    options.num_ctx = min(options.num_ctx, MAX_CTX)
-    options.num_batch = min(options.num_batch, MAX_CTX)
-    options.top_k = min(options.top_k, INT32)
-    options.num_gpu = max(min(options.num_gpu, INT32), -INT32)
-    options.main_gpu = max(min(options.main_gpu, INT32), -INT32)
-    return options
 
 
 @dataclass(frozen=True)
@@ -74,7 +51,7 @@ class LoadOptions:
     pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
 
 
-def resolve_load_options(info: ModelInfo, options: Options, cfg: _config.Config,
+def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
                          num_parallel: int | None = None) -> LoadOptions:
     """The load options for ``info``: ``num_ctx`` 0 is the configured default, at most the model's
     trained context and 2^20, at least 4; ``num_batch`` at most ``num_ctx``; ``num_thread`` 0 is

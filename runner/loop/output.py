@@ -43,7 +43,6 @@ class Output:
     num_predict: int  # > 0: at most this many tokens (the loop bounds it); <= 0: no limit
     reply: _replies.ReplyParser | None = None  # splits the output into thinking, content, tool calls
     top_logprobs: int | None = None  # None: no logprobs; else alternatives listed per token
-    t_request: int = field(default_factory=_now)
     sink: Any = field(default_factory=queue.SimpleQueue)  # anything with put(item)
     generated: list[int] = field(default_factory=list)
     num_predicted: int = 0
@@ -124,9 +123,7 @@ class Output:
             prompt_eval_duration=max(first - self.t_start, 0) if self.t_start else 0,
             eval_count=self.num_predicted,
             eval_duration=max(end - first, 0),
-            load_duration=0,
-            total_duration=_now() - self.t_request,
-        )
+        )  # load_duration and total_duration are the caller's: it knows when the request began
 
     def final(self, reason: DoneReason, prompt: list[Input]) -> Chunk:
         """Flush what is held back (unless the client left) and make the last chunk, whose

@@ -45,12 +45,13 @@ class ReplyParser:
 def for_request(request: Request, found: TemplateFeatures, prompt_text: str) -> ReplyParser | None:
     """The parser a request's reply needs (None: the text is all answer). Reasoning is parsed
     when the request thinks (:func:`runner.reply.thinking.think_on`); the reply starts inside it when
-    the prompt ends with the opening tag. Tool calls are parsed when the request offers tools."""
+    the prompt ends with the opening tag. Tool calls are parsed when the request offers tools (none with ``tool_choice: none``:
+    :func:`runner.prepare.prepare` drops them)."""
     thinking = tools = None
     tags = found.thinking
     if tags is not None and think_on(request.think, True):
         thinking = ThinkingParser(tags, opened=prompt_text.rstrip().endswith(tags.open))
-    if request.tools and found.tools is not None and request.tool_choice.mode != "none":
+    if request.tools and found.tools is not None:
         tools = ToolCallParser(found.tools, frozenset(t.name for t in request.tools))
     if thinking is None and tools is None:
         return None

@@ -16,7 +16,7 @@ built from the sampled tokens.
 
 Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
 to the waiting queue (under ``_lock``) and receive their sequence's output: from a queue they
-iterate (:meth:`BatchRunner.generate`, :meth:`BatchRunner.chat`), or pushed to a callback by the
+iterate (:meth:`BatchRunner.stream`), or pushed to a callback by the
 loop thread itself (:meth:`BatchRunner.submit`, for an event loop that should not spend a thread
 per stream). Cancelling sets an Event the loop checks before each batch.
 """
@@ -32,13 +32,13 @@ from typing import Any, Callable, Iterator
 from . import embedding as _embedding
 from ..api import (
     Cancelled,
+    ChatTemplate,
     Chunk,
     DoneReason,
     Embedding,
     LoadError,
     Message,
     ModelInfo,
-    NoVision,
     PollamaError,
     Request,
 )
@@ -88,9 +88,10 @@ class _Batch:
 class BatchRunner:
     """A loaded model (an :class:`Engine`) plus its batch loop thread."""
 
-    def __init__(self, engine: Engine, *, num_ctx: int, num_parallel: int, num_batch: int,
-                 multi_user: bool, decoder: Decoder | None = None) -> None:
-        """``decoder``: where decodes run (:mod:`runner.loop.pipeline`; default on the loop thread)."""
+    def __init__(self, engine: Engine, *, template: ChatTemplate, num_ctx: int, num_parallel: int,
+                 num_batch: int, multi_user: bool, decoder: Decoder | None = None) -> None:
+        """``template``: the loaded model's, for requests that come without their chosen one;
+        ``decoder``: where decodes run (:mod:`runner.loop.pipeline`; default on the loop thread)."""
         self.model_engine = engine
         self.decoder: Decoder = decoder if decoder is not None else InlineDecoder()
         self._ahead: _Batch | None = None  # the next batch, built while the last one decoded
@@ -99,10 +100,10 @@ class BatchRunner:
         self.num_ctx = num_ctx
         self.num_parallel = num_parallel
         self.num_batch = num_batch
-        self.load_duration = 0  # ns, set by runner.load()
+        self.load_duration = 0  # ns, set by runner.load(): the caller reports it
         self.memory_size = engine.memory_size  # bytes besides the weights; runner.load() fills in an estimate
         self.cache = InputCache(engine.kv, num_ctx * num_parallel, num_parallel, multi_user)
-        self.prompter = Prompter(engine, num_ctx)
+        self.prompter = Prompter(engine, num_ctx, template)
         self._lock = threading.Condition()
         self._waiting: collections.deque[Sequence | EmbedJob] = collections.deque()
         self._seqs: list[Sequence | EmbedJob | None] = [None] * num_parallel
@@ -131,35 +132,34 @@ class BatchRunner:
         if self._closed:
             raise LoadError("the model was unloaded")
 
-    def render_chat(self, messages: list[Message], template: str | None = None, truncate: bool = True,
+    def render_chat(self, messages: list[Message], truncate: bool = True,
                     cancel: threading.Event | None = None) -> str:
-        """The prompt for ``messages``: the model's template (or ``template``) within one render
-        budget for all the renders history truncation takes; ``cancel`` stops it."""
+        """The prompt for ``messages`` with the loaded model's template, within one render budget
+        for all the renders history truncation takes; ``cancel`` stops it."""
         self._check_open()
-        return self.prompter.chat_prompt(messages, template, truncate, cancel)[0]
+        return self.prompter.chat_prompt(messages, self.prompter.template, truncate, cancel)[0]
 
-    def generate(self, request: Request) -> Iterator[Chunk]:
-        """Validate and tokenize now (errors raise here); the returned iterator streams."""
-        return self._stream(self._prepare(request, chat=False))
+    def stream(self, request: Request) -> Iterator[Chunk]:
+        """Stream the answer to ``request`` (prepared by :func:`runner.prepare.prepare`): a chat
+        when it has ``messages``, else a completion of its ``prompt``. Validation and
+        tokenization happen now (errors raise here); the returned iterator streams."""
+        return self._stream(self._sequence(request))
 
-    def chat(self, request: Request) -> Iterator[Chunk]:
-        return self._stream(self._prepare(request, chat=True))
-
-    def submit(self, request: Request, chat: bool, deliver: Callable[[Any], None]) -> None:
-        """Push form of :meth:`generate` / :meth:`chat`.
+    def submit(self, request: Request, deliver: Callable[[Any], None]) -> None:
+        """Push form of :meth:`stream`.
 
         Validation errors raise here. Afterwards the loop thread calls ``deliver`` with each
         :class:`Chunk`; the last call is a done chunk or a :class:`PollamaError` (also when the
         request is cancelled before it got a slot, or the runner closes). ``deliver`` runs on the
         loop thread, between batches: it must return at once and must not raise.
         """
-        seq = self._prepare(request, chat)
+        seq = self._sequence(request)
         seq.output.sink = _Push(deliver)
         self._enqueue(seq)
 
-    def _prepare(self, request: Request, chat: bool) -> Sequence:
+    def _sequence(self, request: Request) -> Sequence:
         self._check_open()
-        return self.prompter.prepare(request, chat)
+        return self.prompter.sequence(request)
 
     def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
         """All of ``texts`` go to the loop as one job, evaluated several per decode; texts with

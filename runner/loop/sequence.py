@@ -9,9 +9,9 @@ to run it (prompt tokens, ``num_keep``, sampler settings, grammar) and its
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,34 +53,34 @@ class Sequence:
 class Prompter:
     """Prepares requests for one loaded model (``engine``'s vocabulary, ``num_ctx`` tokens)."""
 
-    def __init__(self, engine: Engine, num_ctx: int) -> None:
+    def __init__(self, engine: Engine, num_ctx: int, template: ChatTemplate) -> None:
+        """``template``: the loaded model's, for a request that comes without its chosen one
+        (``Request.chat_template``, set by :func:`runner.prepare.prepare`)."""
         self.engine = engine
         self.num_ctx = num_ctx
+        self.template = template
         self.grammars = GrammarCheck()
 
     def close(self) -> None:
         self.grammars.close()
 
-    def detokenize(self, tokens: list[int]) -> str:
+    def detokenize(self, tokens: list[int], field: str = "") -> str:
+        """The text of ``tokens``; ``field``: the request field they came in, for the error."""
         n_vocab = self.engine.n_vocab
         if any(not isinstance(t, int) or t < 0 or t >= n_vocab for t in tokens):
-            raise InvalidRequest(f"invalid token ids: they must be in [0, {n_vocab})")
+            what = f"invalid {field}: token ids" if field else "invalid token ids: they"
+            raise InvalidRequest(f"{what} must be in [0, {n_vocab})")
         return decode_flush(b"".join(self.engine.piece(t) for t in tokens))
 
-    def template(self, template: str | ChatTemplate | None) -> ChatTemplate:
-        return template if isinstance(template, ChatTemplate) else _prompt.select(template, self.engine.info)
-
-    def chat_prompt(self, messages: list[Message], template: str | ChatTemplate | None, truncate: bool,
+    def chat_prompt(self, messages: list[Message], chosen: ChatTemplate, truncate: bool,
                     cancel: threading.Event | None, request: Request | None = None,
                     images: list[Image] | None = None) -> tuple[str, list[Input]]:
-        """The prompt for ``messages`` and its inputs, rendered with ``template`` (a chosen one,
-        text, or None for the model's) within one render budget for all the renders history
-        truncation takes; ``request``: its tools and ``think`` are rendered too; ``images``: the
-        images the messages' ``[img-N]`` tags name."""
+        """The prompt for ``messages`` and its inputs, rendered with ``chosen`` within one render
+        budget for all the renders history truncation takes; ``request``: its tools and
+        ``think`` are rendered too; ``images``: the images the messages' ``[img-N]`` tags name."""
         bos, eos = self.engine.special_tokens
-        chosen = self.template(template)
         budget = _prompt.RenderBudget(cancel=cancel)
-        tools = request.tools if request is not None and request.tool_choice.mode != "none" else []
+        tools = request.tools if request is not None else []
         think = request.think if request is not None else None
         add_bos = self.engine.add_bos
 
@@ -110,27 +110,27 @@ class Prompter:
 
         return tokenize
 
-    def prepare(self, request: Request, chat: bool) -> Sequence:
-        """The sequence for ``request`` (``chat``: its messages, else its prompt). Its renders
-        (the prompt's, history truncation's, the template's feature probes) share one render
-        budget, or the caller's when it shares one already. Raises InvalidRequest /
-        PromptTooLong / Cancelled (rendering was cancelled)."""
+    def sequence(self, request: Request) -> Sequence:
+        """The sequence for ``request`` (a chat when it has ``messages``, else a completion of its
+        ``prompt``), prepared by :func:`runner.prepare.prepare`. Its renders (the prompt's, history
+        truncation's, the template's feature probes) share one render budget, or the caller's
+        when it shares one already. Raises InvalidRequest / PromptTooLong / Cancelled
+        (rendering was cancelled)."""
         with _prompt.sharing(_prompt.RenderBudget(cancel=request.cancel)):
-            return self._prepare(request, chat)
+            return self._sequence_of(request)
 
-    def _prepare(self, request: Request, chat: bool) -> Sequence:
-        t0 = time.perf_counter_ns()
-        chosen = self.template(request.chat_template or request.template)
-        if _images.has_images(request.messages if chat else None, () if chat else request.images) \
-                and not self.engine.info.vision:
-            raise NoVision()
+    def _sequence_of(self, request: Request) -> Sequence:
+        chosen = request.chat_template or self.template
+        chat = request.messages is not None
+        if _images.has_images(request.messages, request.images) and not self.engine.info.vision:
+            raise NoVision()  # prepare refuses it first; a request that skipped it must not crash
         if chat:
             messages = list(request.messages or [])
             if request.system and not any(m.role == "system" for m in messages):
                 messages.insert(0, Message("system", request.system))
             messages, images = _images.tag_messages(messages)
             text, tokens = self.chat_prompt(messages, chosen, request.truncate, request.cancel, request, images)
-            return self._sequence(tokens, request, t0, text, chosen)
+            return self._sequence(tokens, request, text, chosen)
         images = list(request.images)
         if request.raw:
             text = _images.tag_prompt(request.prompt, images) if images else request.prompt
@@ -142,10 +142,10 @@ class Prompter:
             messages, images = _images.tag_messages(messages)
             text, tokens = self.chat_prompt(messages, chosen, False, request.cancel, request, images)
             if not request.context:
-                return self._sequence(tokens, request, t0, text, chosen)
+                return self._sequence(tokens, request, text, chosen)
         if request.context:
-            text = self.detokenize(list(request.context)) + text
-        return self._sequence(self._tokenizer(images)(text), request, t0, text, None if request.raw else chosen)
+            text = self.detokenize(list(request.context), "context") + text
+        return self._sequence(self._tokenizer(images)(text), request, text, None if request.raw else chosen)
 
     def embed_inputs(self, texts: list[str], truncate: bool) -> list[list[int]]:
         """The tokens of each text of an embedding request, cut to ``num_ctx`` when ``truncate``."""
@@ -163,7 +163,7 @@ class Prompter:
             inputs.append(tokens)
         return inputs
 
-    def _sequence(self, tokens: list[Input], request: Request, t0: int, text: str = "",
+    def _sequence(self, tokens: list[Input], request: Request, text: str = "",
                   template: ChatTemplate | None = None) -> Sequence:
         if not tokens:
             raise InvalidRequest("no input provided")
@@ -173,13 +173,14 @@ class Prompter:
         if template is not None:
             found = template_features(template)
             reply = _replies.for_request(request, found, text)
-            if request.tools and found.tools is not None and request.tool_choice.mode != "none" \
-                    and request.tool_grammar:
+            if request.tools and found.tools is not None and request.tool_grammar:
                 # forced: the whole answer is a call; auto: a call the model starts is well formed
                 if request.tool_choice.forced or grammar is None:
                     grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
                                                 request.parallel_tool_calls, self.grammars, request.cancel)
         opts = request.options
+        if opts.repeat_last_n > num_ctx:  # no penalty window reaches past the context
+            request.options = opts = dataclasses.replace(opts, repeat_last_n=num_ctx)
         num_keep = opts.num_keep
         if num_keep < 0:
             num_keep = len(tokens)
@@ -198,6 +199,6 @@ class Prompter:
             num_predict = 10 * num_ctx
         stops = [s.encode("utf-8") for s in opts.stop if s]
         output = Output(stops, num_predict, reply=reply,
-                        top_logprobs=request.top_logprobs if request.logprobs else None, t_request=t0)
+                        top_logprobs=request.top_logprobs if request.logprobs else None)
         return Sequence(request, tokens, num_keep, output, grammar=grammar)
 

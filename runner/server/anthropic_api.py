@@ -27,7 +27,7 @@ from runner.images import image_from_base64
 from . import toolwire
 from .http import JSON, RunnerResponse, anthropic_error, dumps, status_of
 from .ollama_api import service
-from .service import Outcome, Service, collect, now_ns
+from .service import Service, collect, now_ns
 
 router = APIRouter(prefix="/v1")
 
@@ -180,7 +180,6 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         if value is not None:
             options[name] = value
     ident = "msg_" + secrets.token_hex(12)
-    outcome = Outcome()
 
     def envelope(content: list[dict[str, Any]], reason: str | None, input_tokens: int, output_tokens: int):
         return {"id": ident, "type": "message", "role": "assistant", "model": body.model, "content": content,
@@ -191,7 +190,7 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
 
     async def single() -> AsyncIterator[bytes]:
-        reply = await collect(svc.stream(body.model, request, options, None, True, t0, outcome))
+        reply = await collect(svc.stream(body.model, request, options, None, t0))
         if reply.final is None:
             return
         content: list[dict[str, Any]] = []
@@ -205,7 +204,7 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
                              m.prompt_tokens if m else 0, m.eval_count if m else 0))
 
     async def events() -> AsyncIterator[bytes]:
-        chunks = svc.stream(body.model, request, options, None, True, t0, outcome)
+        chunks = svc.stream(body.model, request, options, None, t0)
         index = -1
         open_kind: str | None = None
         called = False

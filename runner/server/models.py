@@ -7,13 +7,13 @@ from typing import Any
 
 from runner import config as _config
 from runner.loading import ggufmeta
-from runner import store
-from runner.template import prompt, features as templatefeatures
+from runner import ResolvedModel, store
+from runner.template import features as templatefeatures
 from runner.store import modelfile
 from runner.api import ModelInfo, PollamaError
 
 from .http import iso
-from .scheduler import LoadedModel, Scheduler
+from .scheduler import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,9 @@ def details(info: ModelInfo) -> dict[str, Any]:
     }
 
 
-def capabilities(info: ModelInfo) -> list[str]:
+def capabilities(model: ResolvedModel) -> list[str]:
     """Ollama's list: what the model's template supports (runner.template.features)."""
-    return templatefeatures.capabilities(info)
+    return templatefeatures.capabilities(model.info, model.template)
 
 
 # -------------------------------------------------------------------------------------- lists
@@ -65,16 +65,16 @@ def all_models(cfg: _config.Config) -> list[store.StoredModel]:
     """The built-in default model, then the store's models (newest first)."""
     found: list[store.StoredModel] = []
     try:
-        found.append(store.resolve(None, cfg))
+        found.append(store.lookup(None, cfg))
     except PollamaError:
         pass
     found.extend(store.list_models(cfg))
     return found
 
 
-def tag_entry(scheduler: Scheduler, stored: store.StoredModel) -> dict[str, Any] | None:
+def tag_entry(stored: store.StoredModel) -> dict[str, Any] | None:
     try:
-        info = scheduler.model_info(stored)
+        model = ResolvedModel.of(stored)
     except PollamaError:
         return None
     return {
@@ -83,8 +83,8 @@ def tag_entry(scheduler: Scheduler, stored: store.StoredModel) -> dict[str, Any]
         "modified_at": iso(stored.modified),
         "size": stored.size,
         "digest": store.digest(stored),
-        "details": details(info),
-        "capabilities": capabilities(info),
+        "details": details(model.info),
+        "capabilities": capabilities(model),
     }
 
 
@@ -105,16 +105,16 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
     }
 
 
-def show(scheduler: Scheduler, stored: store.StoredModel, verbose: bool) -> dict[str, Any]:
-    info = scheduler.model_info(stored)
+def show(cfg: _config.Config, model: ResolvedModel, verbose: bool) -> dict[str, Any]:
+    stored, info = model.stored, model.info
     header = ggufmeta.read_gguf_header(stored.path)
     model_info: dict[str, Any] = dict(header.metadata)
     for key in header.array_lengths:  # arrays are not read (Ollama sends null unless verbose)
         model_info[key] = None
     if "general.parameter_count" not in model_info and info.parameter_count:
         model_info["general.parameter_count"] = info.parameter_count
-    chosen = prompt.model_template(info)
-    shown = modelfile.show(store.Layout(scheduler.cfg.models), stored,
+    chosen = model.template
+    shown = modelfile.show(store.Layout(cfg.models), stored,
                            chosen.source if chosen.kind in ("go", "jinja") else "",
                            str(info.metadata.get("general.license") or ""))
     out: dict[str, Any] = {
@@ -124,7 +124,7 @@ def show(scheduler: Scheduler, stored: store.StoredModel, verbose: bool) -> dict
         "template": shown.template or (chosen.show() if chosen.kind == "builtin" else ""),
         "details": details(info),
         "model_info": _jsonable(model_info),
-        "capabilities": capabilities(info),
+        "capabilities": capabilities(model),
         "modified_at": iso(stored.modified),
     }
     if info.projector:  # Ollama's projector_info: the projector GGUF's own metadata

@@ -22,7 +22,8 @@ from runner.images import image_from_base64
 from . import models as _models
 from . import toolwire
 from .http import NDJSON, JSON, RunnerResponse, dumps, json_response, now_iso
-from .service import Outcome, Service, collect, now_ns, parse_keep_alive
+from runner.prepare import think_level
+from .service import Service, collect, now_ns, parse_keep_alive
 
 router = APIRouter()
 
@@ -131,24 +132,6 @@ def check_format(fmt: Format) -> str | dict | None:
     raise InvalidRequest(f'invalid format "{fmt}": use "json" or a JSON schema')
 
 
-THINK_LEVELS = ("high", "medium", "low")
-
-
-def check_think(think: bool | str | None) -> bool | str | None:
-    """``think``: a bool or a level ("max" is "high", as Ollama maps it). Whether the model can
-    think is checked once its template is known (service.check_features)."""
-    if think is None or isinstance(think, bool):
-        return think
-    level = think.lower()
-    if level == "max":
-        return "high"
-    if level in THINK_LEVELS:
-        return level
-    if level in ("true", "false"):
-        return level == "true"
-    raise InvalidRequest(f'invalid think value {think!r}: use true, false, "high", "medium" or "low"')
-
-
 def wire_images(images: list[str] | None, where: str) -> list[Image]:
     """Ollama's ``images``: base64 strings, each checked to be a PNG, JPEG or WEBP image."""
     return [image_from_base64(data, f"image {where}[{k}]") for k, data in enumerate(images or [])]
@@ -205,9 +188,9 @@ async def _load_or_unload(svc: Service, model: str, options: dict[str, Any] | No
 
 
 def _generation_response(svc: Service, *, model: str, request: Request, options: dict[str, Any] | None,
-                         keep_alive: float | None, chat: bool, stream: bool, logprobs: bool,
+                         keep_alive: float | None, stream: bool, logprobs: bool,
                          with_context: bool, t0: int) -> RunnerResponse:
-    outcome = Outcome()
+    chat = request.messages is not None
 
     def head() -> dict[str, Any]:
         return {"model": model, "created_at": now_iso()}
@@ -240,7 +223,7 @@ def _generation_response(svc: Service, *, model: str, request: Request, options:
         return body
 
     async def ndjson() -> AsyncIterator[bytes]:
-        chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
+        chunks = svc.stream(model, request, options, keep_alive, t0)
         started = False
         try:
             async for chunk in chunks:
@@ -257,7 +240,7 @@ def _generation_response(svc: Service, *, model: str, request: Request, options:
             await chunks.aclose()
 
     async def single() -> AsyncIterator[bytes]:
-        reply = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
+        reply = await collect(svc.stream(model, request, options, keep_alive, t0))
         if reply.final is not None:
             yield dumps(final(reply.final, reply.text, reply.logprobs, reply.thinking, reply.tool_calls))
 
@@ -285,7 +268,7 @@ async def generate(body: GenerateBody, svc: Service = Depends(service)) -> Respo
         raise InvalidRequest("model is required")
     keep_alive = parse_keep_alive(body.keep_alive)
     fmt = check_format(body.format)
-    think = check_think(body.think)
+    think = think_level(body.think)
     images = await asyncio.to_thread(wire_images, body.images, "images")
     if body.suffix:
         raise InvalidRequest(f'"{body.model}" does not support insert')
@@ -299,7 +282,7 @@ async def generate(body: GenerateBody, svc: Service = Depends(service)) -> Respo
         logprobs=body.logprobs, top_logprobs=body.top_logprobs,
     )
     return _generation_response(
-        svc, model=body.model, request=request, options=body.options, keep_alive=keep_alive, chat=False,
+        svc, model=body.model, request=request, options=body.options, keep_alive=keep_alive,
         stream=body.stream is not False, logprobs=body.logprobs, with_context=not body.raw, t0=t0,
     )
 
@@ -311,7 +294,7 @@ async def chat(body: ChatBody, svc: Service = Depends(service)) -> Response:
         raise InvalidRequest("model is required")
     keep_alive = parse_keep_alive(body.keep_alive)
     fmt = check_format(body.format)
-    think = check_think(body.think)
+    think = think_level(body.think)
     tools = toolwire.parse_tools(body.tools)
     if not body.messages:
         return await _load_or_unload(svc, body.model, body.options, keep_alive, chat=True)
@@ -324,7 +307,7 @@ async def chat(body: ChatBody, svc: Service = Depends(service)) -> Response:
         logprobs=body.logprobs, top_logprobs=body.top_logprobs,
     )
     return _generation_response(
-        svc, model=body.model, request=request, options=body.options, keep_alive=keep_alive, chat=True,
+        svc, model=body.model, request=request, options=body.options, keep_alive=keep_alive,
         stream=body.stream is not False, logprobs=body.logprobs, with_context=False, t0=t0,
     )
 
@@ -375,7 +358,7 @@ async def embeddings(body: EmbeddingsBody, svc: Service = Depends(service)) -> d
 @router.head("/api/tags", include_in_schema=False)
 async def tags(svc: Service = Depends(service)) -> dict[str, Any]:
     def listing() -> list[dict[str, Any]]:
-        entries = (_models.tag_entry(svc.scheduler, m) for m in _models.all_models(svc.cfg))
+        entries = (_models.tag_entry(m) for m in _models.all_models(svc.cfg))
         return [e for e in entries if e is not None]
 
     return {"models": await asyncio.to_thread(listing)}
@@ -384,8 +367,7 @@ async def tags(svc: Service = Depends(service)) -> dict[str, Any]:
 @router.post("/api/show")
 async def show(body: ShowBody, svc: Service = Depends(service)) -> dict[str, Any]:
     name = body.model or body.name
-    stored = svc.resolve(name)
-    return await asyncio.to_thread(_models.show, svc.scheduler, stored, body.verbose)
+    return await asyncio.to_thread(lambda: _models.show(svc.cfg, svc.model(name), body.verbose))
 
 
 @router.get("/api/ps")

@@ -29,7 +29,8 @@ from . import models as _models
 from . import toolwire
 from .http import JSON, SSE, RunnerResponse, dumps, json_response, openai_error, status_of
 from .ollama_api import normalize_dims, service
-from .service import Outcome, Service, collect, now_ns, parse_keep_alive
+from runner.prepare import think_level
+from .service import Service, collect, now_ns, parse_keep_alive
 
 router = APIRouter(prefix="/v1")
 
@@ -188,24 +189,12 @@ def finish_reason(chunk: Chunk, called: bool = False) -> str:
 
 
 def reasoning_think(body: ChatCompletionBody) -> bool | str | None:
-    """``reasoning_effort`` (or ``reasoning.effort``) as ``think`` (:func:`effort_think`)."""
+    """``reasoning_effort`` (or ``reasoning.effort``) as ``think``: high, medium, low (max is
+    high), none (or minimal) turns it off, unset leaves the model's default."""
     effort = body.reasoning_effort
     if effort is None and body.reasoning is not None:
         effort = body.reasoning.get("effort")
-    return effort_think(effort)
-
-
-def effort_think(effort: Any) -> bool | str | None:
-    """A reasoning effort as ``think``, as Ollama maps it: high, medium, low (max is high),
-    none (or minimal) turns it off; None leaves the model's default."""
-    if effort is None:
-        return None
-    if not isinstance(effort, str) or effort.lower() not in ("high", "medium", "low", "max", "none", "minimal"):
-        raise InvalidRequest(f"invalid reasoning_effort {effort!r}: use high, medium, low or none")
-    effort = effort.lower()
-    if effort in ("none", "minimal"):
-        return False
-    return "high" if effort == "max" else effort
+    return think_level(effort, "reasoning_effort")
 
 
 def chat_messages(raw: list[ChatMessage]) -> list[Message]:
@@ -251,12 +240,11 @@ def sse(obj: Any) -> bytes:
 
 
 def _openai_response(svc: Service, *, model: str, request: Request, options: dict[str, Any],
-                     keep_alive: float | None, chat: bool, stream: bool, include_usage: bool,
-                     t0: int) -> RunnerResponse:
+                     keep_alive: float | None, stream: bool, include_usage: bool, t0: int) -> RunnerResponse:
+    chat = request.messages is not None
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.randbelow(10**9)}"
     created = int(time.time())
     obj_kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
-    outcome = Outcome()
 
     def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": ident, "object": obj_kind, "created": created, "model": model,
@@ -279,7 +267,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
         return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
 
     async def events() -> AsyncIterator[bytes]:
-        chunks = svc.stream(model, request, options, keep_alive, chat, t0, outcome)
+        chunks = svc.stream(model, request, options, keep_alive, t0)
         started = called = False
         try:
             async for chunk in chunks:
@@ -303,7 +291,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
             await chunks.aclose()
 
     async def single() -> AsyncIterator[bytes]:
-        reply = await collect(svc.stream(model, request, options, keep_alive, chat, t0, outcome))
+        reply = await collect(svc.stream(model, request, options, keep_alive, t0))
         if reply.final is not None:
             body = envelope([choice(reply.text, finish_reason(reply.final, bool(reply.tool_calls)), reply.logprobs,
                                     False, reply.thinking, reply.tool_calls)])
@@ -336,7 +324,7 @@ async def chat_completions(body: ChatCompletionBody, svc: Service = Depends(serv
     )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return _openai_response(svc, model=body.model, request=request, options=sampling_options(body, max_tokens),
-                            keep_alive=keep_alive, chat=True, stream=body.stream, include_usage=include_usage, t0=t0)
+                            keep_alive=keep_alive, stream=body.stream, include_usage=include_usage, t0=t0)
 
 
 @router.post("/completions")
@@ -358,7 +346,7 @@ async def completions(body: CompletionBody, svc: Service = Depends(service)) -> 
     request = Request(prompt=prompt)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return _openai_response(svc, model=body.model, request=request, options=sampling_options(body, body.max_tokens),
-                            keep_alive=keep_alive, chat=False, stream=body.stream, include_usage=include_usage, t0=t0)
+                            keep_alive=keep_alive, stream=body.stream, include_usage=include_usage, t0=t0)
 
 
 @router.post("/embeddings")
@@ -410,5 +398,4 @@ async def list_models(svc: Service = Depends(service)) -> dict[str, Any]:
 
 @router.get("/models/{model:path}")
 async def get_model(model: str, svc: Service = Depends(service)) -> dict[str, Any]:
-    stored = svc.resolve(model)
-    return _model_entry(stored)
+    return _model_entry(svc.entry(model))

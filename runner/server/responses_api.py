@@ -38,8 +38,8 @@ from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, Tool
 from . import toolwire
 from .http import JSON, SSE, RunnerResponse, dumps, status_of
 from .ollama_api import service
-from .openai_api import effort_think
-from .service import Outcome, Service, collect, now_ns, parse_keep_alive
+from runner.prepare import think_level
+from .service import Service, collect, now_ns, parse_keep_alive
 
 router = APIRouter(prefix="/v1")
 
@@ -389,7 +389,7 @@ async def responses(body: ResponsesBody, svc: Service = Depends(service)) -> Res
         messages=to_messages(body), tools=tools,
         tool_choice=toolwire.parse_tool_choice(to_tool_choice(body.tool_choice), tools),
         parallel_tool_calls=body.parallel_tool_calls, format=text_format(body.text),
-        think=effort_think((body.reasoning or {}).get("effort")),
+        think=think_level((body.reasoning or {}).get("effort"), "reasoning_effort"),
     )
     options: dict[str, Any] = {"temperature": 1.0 if body.temperature is None else body.temperature,
                                "top_p": 1.0 if body.top_p is None else body.top_p}
@@ -397,10 +397,9 @@ async def responses(body: ResponsesBody, svc: Service = Depends(service)) -> Res
         options["num_predict"] = body.max_output_tokens
     keep_alive = parse_keep_alive(body.keep_alive)
     envelope = _Envelope(body, wire_tools)
-    outcome = Outcome()
 
     async def single() -> AsyncIterator[bytes]:
-        reply = await collect(svc.stream(body.model, request, options, keep_alive, True, t0, outcome))
+        reply = await collect(svc.stream(body.model, request, options, keep_alive, t0))
         if reply.final is None:
             return
         output: list[dict[str, Any]] = []
@@ -412,7 +411,7 @@ async def responses(body: ResponsesBody, svc: Service = Depends(service)) -> Res
         yield dumps(envelope.object(_status(reply.final), output, reply.final))
 
     async def events() -> AsyncIterator[bytes]:
-        chunks = svc.stream(body.model, request, options, keep_alive, True, t0, outcome)
+        chunks = svc.stream(body.model, request, options, keep_alive, t0)
         state = _Events(envelope)
         started = False
         try:

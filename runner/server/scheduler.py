@@ -26,9 +26,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterator
 
 import runner as _runner
-from runner import LoadOptions, store
+from runner import LoadOptions, ResolvedModel, store
 from runner import config as _config
-from runner.api import ModelInfo, ModelNotFound, Options, PollamaError, Runner, ServerBusy
+from runner.api import ModelInfo, Options, PollamaError, Runner, ServerBusy
 
 from .bridge import Inbox, Job, in_thread
 
@@ -45,31 +45,8 @@ class ShuttingDown(PollamaError):
     status = 503
 
 
-def resolve(name: str, cfg: _config.Config) -> store.StoredModel:
-    """``store.resolve`` for names from the network: a path must be a GGUF file, and odd names
-    (``~nobody``, NUL bytes) are unknown models, not server errors."""
-    try:
-        return store.resolve(name, cfg, from_network=True)
-    except PollamaError:
-        raise
-    except (OSError, ValueError, RuntimeError):
-        raise ModelNotFound(f'model "{name}" not found') from None
-
-
-@dataclass(frozen=True, eq=False)
-class ResolvedModel:
-    """A request's model, resolved once: the store entry its name points to, what its GGUF says
-    about itself, and its Modelfile defaults (PARAMETERs, SYSTEM, MESSAGEs, TEMPLATE)."""
-
-    name: str  # as the request named it
-    stored: store.StoredModel
-    info: ModelInfo
-    defaults: store.ModelDefaults
-
-    @property
-    def key(self) -> str:
-        """The resolved GGUF path: every name of one file shares one runner (``Scheduler.loaded``)."""
-        return str(self.stored.path)
+def _load(model: ResolvedModel, plan: LoadOptions, cfg: _config.Config) -> Runner:
+    return _runner.load(model, cfg=cfg, plan=plan)
 
 
 # ---------------------------------------------------------------------------------- scheduler
@@ -92,18 +69,12 @@ class LoadedModel:
         return self.runner.info
 
 
-@dataclass
-class _InfoEntry:
-    stamp: tuple
-    info: ModelInfo
-
-
 class Scheduler:
     def __init__(self, cfg: _config.Config,
-                 load: Callable[[ModelInfo, LoadOptions, _config.Config], Runner] | None = None) -> None:
-        """``load(info, load_options, cfg)`` starts a runner (``runner.load_resolved``)."""
+                 load: Callable[[ResolvedModel, LoadOptions, _config.Config], Runner] | None = None) -> None:
+        """``load(model, load_options, cfg)`` starts a runner (``runner.load``)."""
         self.cfg = cfg
-        self._load_fn = load or _runner.load_resolved
+        self._load_fn = load or _load
         self.loaded: dict[str, LoadedModel] = {}
         self._lock = asyncio.Lock()  # one load/unload decision at a time
         self._changed = asyncio.Event()  # replaced after each set: "refs or loaded models changed"
@@ -112,31 +83,12 @@ class Scheduler:
         self._cancels: set[threading.Event] = set()  # blocking runner calls that shutdown must stop
         self._inbox: Inbox | None = None  # made on first use, on the serving event loop
         self._closing_tasks: set[asyncio.Future] = set()
-        self._infos: dict[str, _InfoEntry] = {}
         self.closing = False
 
     # ------------------------------------------------------------------------------ lookups
-    def resolve(self, name: str) -> ResolvedModel:
-        """The model ``name`` points to (raises ModelNotFound / InvalidModel): once per request."""
-        stored = resolve(name, self.cfg)
-        return ResolvedModel(name, stored, self.model_info(stored), store.model_defaults(stored))
-
-    def model_info(self, stored: store.StoredModel) -> ModelInfo:
-        """``runner.model_info`` cached per file (reading a header takes a moment)."""
-        key = str(stored.path)
-        try:
-            st = stored.path.stat()
-            stamp = (st.st_size, st.st_mtime_ns, stored.name, stored.layers.get("template"))
-        except OSError:
-            stamp = (stored.size, 0, stored.name, stored.layers.get("template"))
-        entry = self._infos.get(key)
-        if entry is None or entry.stamp != stamp:
-            entry = self._infos[key] = _InfoEntry(stamp, _runner.model_info(stored))
-        return entry.info
-
     def load_key(self, info: ModelInfo, options: Options) -> LoadOptions:
         """What a loaded runner must match: the load-time options after defaults and clamps."""
-        return _runner.resolve_load_options(info, options, self.cfg)
+        return _runner.load_options(info, options, self.cfg)
 
     def find(self, stored: store.StoredModel) -> LoadedModel | None:
         """The loaded runner of ``stored``'s file, if any."""
@@ -149,7 +101,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------ acquire
     async def acquire(self, resolved: ResolvedModel, options: Options, keep_alive: float | None) -> LoadedModel:
-        """A runner for one request for ``resolved`` (:meth:`resolve`); pair with :meth:`release`.
+        """A runner for one request for ``resolved`` (``runner.resolve``); pair with :meth:`release`.
 
         Raises ServerBusy (queue full), LoadError.
         """
@@ -218,7 +170,7 @@ class Scheduler:
         stored = resolved.stored
         log.info("loading model %s (num_ctx=%d, num_batch=%d, num_thread=%d, parallel=%d)",
                  stored.name, want.num_ctx, want.num_batch, want.num_thread, want.num_parallel)
-        loaded_runner = await in_thread(self._load_fn, resolved.info, want, self.cfg)
+        loaded_runner = await in_thread(self._load_fn, resolved, want, self.cfg)
         model = LoadedModel(key=resolved.key, name=stored.name, stored=stored, runner=loaded_runner,
                             load_key=want, keep_alive=keep)
         self.loaded[resolved.key] = model

@@ -35,7 +35,7 @@ __all__ = [
     "DEFAULT_MODEL", "DEFAULT_HOST", "DEFAULT_NAMESPACE", "DEFAULT_TAG", "MODEL_MEDIA_TYPE",
     "InvalidName", "Layout", "ModelDefaults", "ModelNotFound", "Name", "OutsideStore", "StoredModel", "check_projector", "copy",
     "default_model_path", "delete", "digest", "is_default_name", "is_name", "list_models",
-    "looks_like_path", "model_defaults", "parse_name", "resolve", "starting_messages",
+    "looks_like_path", "lookup", "model_defaults", "parse_name", "starting_messages",
 ]
 
 DEFAULT_MODEL = "smollm2:135m"
@@ -89,7 +89,7 @@ def _file_model(name: str, path: Path) -> StoredModel:
                        modified=datetime.fromtimestamp(stat.st_mtime, timezone.utc), digest="")
 
 
-def _resolve_path(name: str, from_network: bool) -> StoredModel:
+def _path_entry(name: str, from_network: bool) -> StoredModel:
     try:
         path = Path(name).expanduser()
         if not path.exists():
@@ -160,21 +160,31 @@ def check_projector(path: str | Path) -> Path:
     return full.resolve()
 
 
-def resolve(name: str | None, cfg: _config.Config | None = None, *, from_network: bool = False) -> StoredModel:
-    """Find the model a user named. Raises ModelNotFound or InvalidModel (one-line messages).
+def lookup(name: str | None, cfg: _config.Config | None = None, *, from_network: bool = False) -> StoredModel:
+    """The store entry (or file) a user named. Raises ModelNotFound or InvalidModel (one line).
 
     ``from_network``: the name came in a request. A path that does not end in ``.gguf`` must
     be a GGUF file, and every failure to find or read one is the same "not found", so a request
     learns nothing about other files; a ``.gguf`` path that exists is the user's model file, and
-    the loader says what is wrong with it.
+    the loader says what is wrong with it. Odd names (``~nobody``, NUL bytes) are unknown models.
     """
-    cfg = cfg or _config.load()
+    if not from_network:
+        return _lookup(name, cfg or _config.load(), False)
+    try:
+        return _lookup(name, cfg or _config.load(), True)
+    except PollamaError:
+        raise
+    except (OSError, ValueError, RuntimeError):
+        raise ModelNotFound(f'model "{name}" not found') from None
+
+
+def _lookup(name: str | None, cfg: _config.Config, from_network: bool) -> StoredModel:
     if is_default_name(name):
         path = default_model_path()
         return _file_model(DEFAULT_MODEL, path)
     assert name is not None
     if looks_like_path(name):
-        return _resolve_path(name, from_network)
+        return _path_entry(name, from_network)
     try:
         parsed = parse_name(name)
     except InvalidName:
@@ -233,11 +243,11 @@ def copy(cfg: _config.Config, source: str, destination: str) -> None:
     dest = _store_name(destination, "destination")
     layout = Layout(cfg.models)
     try:
-        resolve(source, cfg, from_network=True)  # not found: the store is left as it is
+        lookup(source, cfg, from_network=True)  # not found: the store is left as it is
     except InvalidModel:
         pass  # its manifest and blob read apart, a change between them: decided under the lock
     with layout.locked():
-        stored = resolve(source, cfg, from_network=True)  # again: a delete may have come first
+        stored = lookup(source, cfg, from_network=True)  # again: a delete may have come first
         if stored.manifest is not None:
             manifests.commit_holding_lock(layout, dest, stored.manifest)
             log.info("copied %s to %s", stored.name, dest)

@@ -172,7 +172,7 @@ def _projector_layer(layout: Layout, path: Path, imported: list[Path]) -> dict[s
 def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec, imported: list[Path]) -> Iterator[Progress]:
     """The base model's layers (model first): from files, a local file, or ``from``. The files
     copied into the store are added to ``imported``."""
-    from . import looks_like_path, resolve
+    from . import looks_like_path, lookup
 
     if spec.files:
         yield Progress("parsing GGUF")
@@ -185,7 +185,7 @@ def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec, imported
         imported.append(spec.from_file)
         return [{"mediaType": MODEL_MEDIA_TYPE, "digest": digest, "size": size}]
     try:
-        stored = resolve(spec.from_, cfg, from_network=True)
+        stored = lookup(spec.from_, cfg, from_network=True)
     except ModelNotFound:
         hint = "" if looks_like_path(spec.from_) else " (pull it first)"
         raise ModelNotFound(f'base model "{spec.from_}" not found{hint}') from None

@@ -78,13 +78,13 @@ def features(template: ChatTemplate) -> TemplateFeatures:
     return TemplateFeatures(tools=tools, thinking=tags, insert=insert)
 
 
-def capabilities(info: ModelInfo, template: ChatTemplate | None = None) -> list[str]:
-    """Ollama's capability names for a model (with ``template``, or the one it uses by default):
+def capabilities(info: ModelInfo, template: ChatTemplate) -> list[str]:
+    """Ollama's capability names for a model whose prompts use ``template``:
     ``completion`` (or ``embedding`` for a model that pools), then ``tools``, ``thinking``,
     ``insert`` as its template allows, and ``vision`` when it has a projector."""
     pooling = info.metadata.get(f"{info.architecture}.pooling_type")
     out = ["embedding" if pooling not in (None, 0) else "completion"]
-    found = features(template or prompt.model_template(info))
+    found = features(template)
     if found.tools is not None:
         out.append("tools")
     if found.thinking is not None:

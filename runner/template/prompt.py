@@ -1,7 +1,7 @@
 """Chat prompts: which template a model's prompts are rendered with, rendering it within a
 budget, and history truncation.
 
-Which template (:func:`select`), first match wins:
+Which template (chosen by :func:`runner.prepare.prepare`), first match wins:
 
 1. the request's ``template`` (``/api/generate``): Go's text/template, as Ollama takes it, or
    Jinja when it has Jinja's tags or does not parse as Go (pollama took Jinja first);
@@ -31,7 +31,7 @@ from ..api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool
 from .sandbox import DEFAULT_LIMITS, BudgetExceeded, RenderBudget, RenderLimits, sharing
 
 __all__ = ["DEFAULT_LIMITS", "BudgetExceeded", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt",
-           "model_template", "render", "render_plain", "render_template", "request_template", "select", "sharing"]
+           "model_template", "render", "render_plain", "render_template", "request_template", "sharing"]
 
 
 _GO_MARKER = re.compile(r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with)\s+[.$(]|(?:end|else)\s*-?\}\}|else\s+(?:if|with)\s)")
@@ -52,22 +52,18 @@ def request_template(source: str, origin: str = "the request's template") -> Cha
         return ChatTemplate("jinja", source, origin)
 
 
-def model_template(info: ModelInfo) -> ChatTemplate:
-    """The template a model's prompts use when a request names none (rules 2-5 above)."""
-    if info.store_template:  # Go, as Ollama writes it; Jinja tags say a user put Jinja there
-        jinja = "{%" in info.store_template or "{#" in info.store_template
-        return ChatTemplate("jinja" if jinja else "go", info.store_template, "the model's TEMPLATE")
+def model_template(info: ModelInfo, store_template: str | None = None) -> ChatTemplate:
+    """The template a model's prompts use when a request names none (rules 2-5 above);
+    ``store_template``: the store model's TEMPLATE layer, when it has one."""
+    if store_template:  # Go, as Ollama writes it; Jinja tags say a user put Jinja there
+        jinja = "{%" in store_template or "{#" in store_template
+        return ChatTemplate("jinja" if jinja else "go", store_template, "the model's TEMPLATE")
     if info.chat_template:
         return ChatTemplate("jinja", info.chat_template, "the GGUF's tokenizer.chat_template")
     builtin = chattemplates.for_architecture(info.architecture)
     if builtin is not None:
         return ChatTemplate("builtin", builtin, f"for architecture {info.architecture}")
     return ChatTemplate("plain", "", "the GGUF has no chat template")
-
-
-def select(request: str | None, info: ModelInfo) -> ChatTemplate:
-    """The request's template when it gives one, else the model's."""
-    return request_template(request) if request else model_template(info)
 
 
 def message_dict(m: Message) -> dict[str, Any]:
