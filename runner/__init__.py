@@ -13,7 +13,8 @@ import time
 
 from . import config as _config
 from . import store
-from .loading import ggufcheck, ggufmeta
+from .loading import ggufcheck
+from .model import ggufmeta
 from .loading import plan as loadplan
 from .api import (
     Chunk,
