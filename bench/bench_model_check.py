@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's runner, not an installed one
 
-from runner.loading import ggufcheck, ggufmeta  # noqa: E402
+from runner.loading import ggufcheck  # noqa: E402
+from runner.model import ggufmeta  # noqa: E402
 from runner.store import default_model_path  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"

@@ -13,7 +13,7 @@ import typer
 
 import runner
 from runner import config, store
-from runner.loading import ggufmeta
+from runner.model import ggufmeta
 from runner.api import PollamaError
 from runner.store.create import CreateSpec, create as create_model
 from runner.store.modelfile import parse as parse_modelfile, read as read_modelfile

@@ -7,7 +7,7 @@ from typing import Any, Iterable, Sequence
 
 from runner import ResolvedModel
 from runner.api import PollamaError
-from runner.loading.ggufmeta import read_gguf_header
+from runner.model.ggufmeta import read_gguf_header
 from runner.template.features import capabilities
 from runner.store import StoredModel
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from runner.loading import ggufmeta
+from runner.model import ggufmeta
 
 U32, U64, I32, F32, STR = (GGUFValueType.UINT32, GGUFValueType.UINT64, GGUFValueType.INT32,
                            GGUFValueType.FLOAT32, GGUFValueType.STRING)

@@ -1,6 +1,6 @@
 """Malformed GGUF files (tests/malformed_gguf.py) never kill, hang or confuse: `pollama run` and
 `pollama show` exit 1 with one line, and a real `pollama serve` answers 400 and keeps serving, on
-both engines. The rules live in runner/loading/ggufmeta.py (structure) and runner/loading/ggufcheck.py (meaning).
+both engines. The rules live in runner/model/ggufmeta.py (structure) and runner/loading/ggufcheck.py (meaning).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import runner
 from runner import config, store
-from runner.loading import ggufmeta
+from runner.model import ggufmeta
 from tests.conftest import STORIES, TINYSTORIES
 from tests.malformed_gguf import generate
 from tests.serverproc import ServerProcess

@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from runner.loading import ggufmeta
+from runner.model import ggufmeta
 from tests.conftest import STORIES
 
 

@@ -15,7 +15,7 @@ from runner.loop.slots import InputCache
 from runner.kvcache.causal import CausalCache
 from runner.kvcache.wrapper import WrapperCache
 from runner.ml.backend import CacheConfig
-from runner.engines.ggml.engine import CacheKv
+from runner.engines.ggml.kv import CacheKv
 
 
 class _LayoutOnly:

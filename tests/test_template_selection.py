@@ -21,7 +21,7 @@ from runner.template.sandbox import RenderBudget
 from runner.template.prompt import request_template
 from tests.conftest import SMOLLM2, collect, load
 from tests.serverproc import ServerProcess
-from tests.test_chattemplates import gemma3_path, llama_cpp_apply  # noqa: F401 (a fixture)
+from tests.test_template_builtins import gemma3_path, llama_cpp_apply  # noqa: F401 (a fixture)
 from tests.test_cli import cli_env, run_cli
 
 # ChatML as a Go template, with no default system prompt (SmolLM2's Jinja writes one): the two

@@ -98,7 +98,7 @@ def test_go_template_fields_of_tools_and_calls():
 
 def test_smollm2_template_has_no_tools():
     from runner.store import default_model_path
-    from runner.loading.ggufmeta import read_gguf_header
+    from runner.model.ggufmeta import read_gguf_header
 
     source = read_gguf_header(default_model_path()).metadata["tokenizer.chat_template"]
     assert features(ChatTemplate("jinja", source, "gguf")).tools is None

@@ -3,7 +3,7 @@
 llama.cpp trusts much of a model's metadata: some values it checks with ``GGML_ASSERT``, which
 aborts the whole process (a server with it), and the new engine's model code divides by head
 counts and hands shapes to GGML, whose own asserts abort too. :func:`check_model` runs every rule
-of :data:`RULES` on the header (``runner.loading.ggufmeta``) before either engine sees the file, so a
+of :data:`RULES` on the header (``runner.model.ggufmeta``) before either engine sees the file, so a
 malformed file gets one clear line (``InvalidModel``, a 400 in the server) instead.
 
 The structure of the file (truncation, tensor offsets, types, dims, counts) is checked by
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..api import InvalidModel
-from .ggufmeta import GGUFHeader, read_array
+from ..model.ggufmeta import GGUFHeader, read_array
 
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
 MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS

@@ -17,11 +17,11 @@ import os
 from dataclasses import dataclass
 
 from .. import config as _config
-from . import ggufmeta
+from ..model import ggufmeta
 from ..api import LoadError, ModelInfo, Options
-from .cpus import default_threads
+from ..ml.cpus import default_threads
 from ..kvcache.cells import cache_geometry
-from .memory import available_memory
+from ..ml.memory import available_memory
 from ..model.sliding import SlidingWindow
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import config as _config
 from .. import store
 from ..api import ChatTemplate, ModelInfo
-from . import ggufmeta
+from ..model import ggufmeta
 from ..template.prompt import model_template
 from . import ggufcheck
 

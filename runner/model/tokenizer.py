@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from runner.loading import ggufmeta
+from runner.model import ggufmeta
 from runner.api import InvalidModel, InvalidRequest
 from runner.model.pretokenize import PRE_REGEXES, PRE_TYPES, PreTokenizer, PreType
 
@@ -101,7 +101,7 @@ def _wanted_key(key: str, is_array: bool) -> bool:  # arrays or not, by name alo
 def read_tokenizer_metadata(path: str | Path) -> dict[str, Any]:
     """Read the ``tokenizer.*`` keys (and ``general.name``/``general.architecture``) of a GGUF file.
 
-    Only the key/value header is parsed (:mod:`runner.loading.ggufmeta`, over a memory map; tensors are
+    Only the key/value header is parsed (:mod:`runner.model.ggufmeta`, over a memory map; tensors are
     never touched). Strings come back as ``str`` (undecodable bytes kept as surrogate escapes),
     numeric arrays as lists. Raises :class:`runner.api.InvalidModel` when the file is not a
     little-endian GGUF v2/v3.

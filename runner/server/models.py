@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from runner import config as _config
-from runner.loading import ggufmeta
+from runner.model import ggufmeta
 from runner import ResolvedModel, store
 from runner.template import features as templatefeatures
 from runner.store import modelfile

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config as _config
-from ..loading import ggufmeta
+from ..model import ggufmeta
 from ..api import InvalidModel, InvalidRequest, Message, ModelNotFound, Options, PollamaError
 from . import blobs, manifests
 from .layout import Layout, OutsideStore

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from ..loading import ggufmeta
+from ..model import ggufmeta
 from ..api import InvalidRequest
 from .layout import Layout, digest_hex
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import config as _config
-from ..loading import ggufmeta
+from ..model import ggufmeta
 from ..api import Cancelled, InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError, coerce_option
 from . import blobs, manifests
 from .layout import Layout, OutsideStore, digest_hex

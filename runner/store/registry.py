@@ -138,7 +138,7 @@ def may_follow(registry_ips: Sequence[str], target_ips: Sequence[str]) -> bool:
     return bool(target_ips) and all(is_public(ip) for ip in target_ips)
 
 
-def resolve(host: str, port: int | None = None) -> list[str]:
+def addresses(host: str, port: int | None = None) -> list[str]:
     """The addresses ``host`` resolves to (an address resolves to itself); [] when it does not."""
     host = host.strip("[]")
     if _ip(host) is not None:
@@ -164,7 +164,7 @@ class AddressRule:
             hostname = httpx.URL(f"http://{host}/").host
         except httpx.InvalidURL:
             hostname = host
-        return cls(resolve(hostname))
+        return cls(addresses(hostname))
 
     def check(self, host: str, port: int | None) -> list[str]:
         """The addresses ``host`` resolves to here, once the rule allows them all. Raises
@@ -173,7 +173,7 @@ class AddressRule:
         local registry's rule nothing is checked (nor resolved): []."""
         if self.local:
             return []
-        ips = resolve(host, port)
+        ips = addresses(host, port)
         if ips and not may_follow(self.registry_ips, ips):
             bad = next(ip for ip in ips if not is_public(ip))
             shown = host if host == bad else f"{host} ({bad})"
@@ -309,13 +309,13 @@ class _Backend(httpcore.NetworkBackend):
                     ) -> httpcore.NetworkStream:
         self._watchdog.check()
         if self._rule.local:
-            addresses = [host]
+            ips = [host]
         else:  # by address, each one checked: a name that re-resolves elsewhere cannot slip by
-            addresses = self._rule.check(host, port)
-            if not addresses:
+            ips = self._rule.check(host, port)
+            if not ips:
                 raise httpcore.ConnectError(f"could not resolve {host}")
         error: Exception | None = None
-        for address in addresses:
+        for address in ips:
             try:
                 stream = self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as err:

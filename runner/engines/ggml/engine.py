@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 
 from ...api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision, Options
-from ...kvcache import Cache, NotSupported
 from ...loading.plan import LoadOptions
 from ...loop.embedding import MAX_LANES, batch_size
-from ...loop.slots import ImageInput, Input, InputCache, Slot
+from ...loop.slots import ImageInput, Input
 from ...ml.backend import BackendOptions
 from ...model import load_tokenizer
 from ...model.model import Outputs, Prepared
@@ -26,6 +25,8 @@ from ...model.models import Batch, ModelLoadError, supported_architectures
 from ...model.models import load as load_model
 from ...sample import Sampler, SamplerOptions
 from ...sample.grammar import GrammarSampler, VocabOnly
+from .embed import CacheLanes
+from .kv import CacheKv
 from .vision import Vision, projector_type
 
 log = logging.getLogger(__name__)
@@ -33,75 +34,6 @@ log = logging.getLogger(__name__)
 
 def supports(architecture: str) -> bool:
     return architecture in supported_architectures()
-
-
-class CacheKv:
-    """:class:`runner.loop.slots.KvOps` over the model's :class:`runner.kvcache.Cache` (causal,
-    or gemma3's sliding-window + global wrapper: ``can_resume`` is how a slot whose window has
-    slid past the prefix starts over)."""
-
-    def __init__(self, cache: Cache) -> None:
-        self.cache = cache
-
-    def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
-        try:
-            self.cache.remove(seq, begin, end)
-            return True
-        except NotSupported:
-            return False
-
-    def seq_cp(self, src: int, dst: int, length: int) -> None:
-        self.cache.copy_prefix(src, dst, length)
-
-    def shift(self, seq: int, keep: int, discard: int, length: int) -> bool:
-        return self.seq_rm(seq, keep, keep + discard)
-
-    def can_resume(self, seq: int, pos: int) -> bool:
-        return self.cache.can_resume(seq, pos)
-
-
-class _Lanes:
-    """:class:`runner.loop.embedding.EmbedLanes` in our own cell pool: lane ``k`` is sequence
-    ``num_parallel + k``, beside the slots' sequences. A job first takes the least valuable
-    slot and empties it, so its lanes find that slot's share (``num_ctx`` cells) free."""
-
-    def __init__(self, model: Any, kv: CacheKv, num_parallel: int, max_lanes: int) -> None:
-        self.max_lanes = max_lanes
-        self._model, self._kv, self._first = model, kv, num_parallel
-        self._tokens: list[int] = []
-        self._positions: list[int] = []
-        self._seqs: list[int] = []
-        self._out: np.ndarray | None = None
-
-    def reserve(self, cache: InputCache) -> Slot | None:
-        return cache.claim_scratch()
-
-    def seq(self, lane: int) -> int:
-        return self._first + lane
-
-    def begin(self) -> None:
-        self._tokens, self._positions, self._seqs = [], [], []
-
-    def add(self, tokens: list[int], pos: int, seq: int) -> int:
-        first = len(self._tokens)
-        self._tokens.extend(tokens)
-        self._positions.extend(range(pos, pos + len(tokens)))
-        self._seqs.extend([seq] * len(tokens))
-        return first
-
-    def decode(self) -> None:
-        outputs = list(range(len(self._tokens)))
-        try:
-            self._out = self._model.compute(Batch(self._tokens, self._positions, self._seqs, outputs, embeddings=True))
-        except Exception as err:
-            raise LoadError(f"forward pass failed: {err}") from err
-
-    def rows(self, first: int, count: int) -> np.ndarray:
-        assert self._out is not None
-        return self._out[first : first + count].copy()
-
-    def forget(self, seq: int) -> None:
-        self._kv.seq_rm(seq, 0, None)
 
 
 class _SeqSampler:
@@ -162,7 +94,7 @@ class GGMLEngine:
         self._vocab: VocabOnly | None = None  # loaded on the first request with a format
         self._batch: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
         self._prepared: tuple[Prepared, np.ndarray, dict[int, int]] | None = None
-        self._lanes = _Lanes(self.model, self.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
+        self._lanes = CacheLanes(self.model, self.kv, num_parallel, min(MAX_LANES, batch_size(num_batch)))
         self._rows: dict[int, int] = {}
         self._out: Outputs | None = None
         bos = self._tok.token_text(self._tok.bos_id) if self._tok.bos_id is not None and self._tok.bos_id >= 0 else ""
@@ -237,7 +169,7 @@ class GGMLEngine:
             raise NoVision()
         self.vision.decode(image, pos, seq_id, self.num_batch)
 
-    def embed_lanes(self) -> _Lanes:
+    def embed_lanes(self) -> CacheLanes:
         return self._lanes
 
     # --------------------------------------------------------------------------- sampling

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import topk
 from ...api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
-from ...loading import ggufmeta
+from ...model import ggufmeta
 from ...loading.plan import LoadOptions
 from ...loop.embedding import MAX_LANES, batch_size
 from ...loop.slots import ImageInput, Input

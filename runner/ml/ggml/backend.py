@@ -26,8 +26,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from runner.loading.cpus import default_threads
-from runner.loading.memory import available_memory
+from runner.ml.cpus import default_threads
+from runner.ml.memory import available_memory
 from runner.ml.backend import BackendOptions, CacheConfig
 
 from . import bindings as g

@@ -1,11 +1,11 @@
 """Images in the slot cache: an image is inputs with an identity (the sha256 of its bytes), so a
 prompt that repeats an image reuses its cached positions, a different image does not, and no
-prefix or context shift cuts an image in half. Plain data, as test_inputcache.py."""
+prefix or context shift cuts an image in half. Plain data, as test_slots.py."""
 
 from __future__ import annotations
 
 from runner.loop.slots import ImageInput, InputCache, Slot, count_common_prefix, image_end, image_start, text_tokens
-from tests.test_inputcache import RecordingKv
+from tests.test_slots import RecordingKv
 
 
 def image(digest: str, count: int = 4) -> list[ImageInput]:
