@@ -205,8 +205,8 @@ def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj, p
         alone = [_greedy_steps(r, m, opts) for m in prompts]
         r.close()
         cfg = dataclasses.replace(config.load({}), new_engine=False, pipeline=pipeline)
-        r2 = runner.load(runner.resolve(str(gemma3), cfg), Options().merged({"num_ctx": 256, "num_batch": 64}), cfg,
-                         num_parallel=2, projector=str(mmproj))
+        r2 = runner.load(runner.resolve(str(gemma3), cfg, projector=str(mmproj)),
+                         Options().merged({"num_ctx": 256, "num_batch": 64}), cfg, num_parallel=2)
         together: list[list] = [[], []]
 
         def ask(k: int) -> None:
