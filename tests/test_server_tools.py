@@ -150,6 +150,40 @@ def test_openai_required_tool_calls_are_well_formed(server):
     assert deltas[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_an_answer_that_is_only_a_json_call_is_a_call(server):
+    """What small models such as Qwen2.5-Coder-0.5B answer given tools: the call's JSON without
+    the template's <tool_call> tag. SmolLM2 is made to write exactly that by a format schema."""
+    from openai import OpenAI
+
+    call = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"], "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {"type": "object", "properties": {"city": {"const": "Paris"}}, "required": ["city"],
+                      "additionalProperties": False}}}
+    r = httpx.post(server.url + "/api/chat", timeout=120, json={
+        "model": "smoltools", "messages": [{"role": "user", "content": PROMPTS[0]}], "tools": TOOLS,
+        "format": call, "stream": False, "options": {"temperature": 0, "num_predict": 60}})
+    message = r.json()["message"]
+    assert message["content"] == "" and [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+    assert message["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    # streamed through OpenAI's API: held back, then one tool_calls delta and finish_reason tool_calls
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    deltas = list(client.chat.completions.create(
+        model="smoltools", messages=[{"role": "user", "content": PROMPTS[0]}], tools=TOOLS, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": call}},
+        temperature=0, max_tokens=60))
+    assert not "".join(c.choices[0].delta.content or "" for c in deltas if c.choices)
+    calls = [tc for c in deltas if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(c.index, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (0, "get_weather", {"city": "Paris"})]
+    assert deltas[-1].choices[0].finish_reason == "tool_calls"
+    # the same JSON without tools is the answer
+    r = httpx.post(server.url + "/api/chat", timeout=120, json={
+        "model": "smoltools", "messages": [{"role": "user", "content": PROMPTS[0]}],
+        "format": call, "stream": False, "options": {"temperature": 0, "num_predict": 60}})
+    assert json.loads(r.json()["message"]["content"]) == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert not r.json()["message"].get("tool_calls")
+
+
 @pytest.mark.slow
 def test_ollama_native_tool_calls_and_round_trip(server):
     import ollama

@@ -2,7 +2,8 @@
 
 The reasoning comes first (:class:`runner.reply.thinking.ThinkingParser`); the text after it goes
 through the tool-call parser (:class:`runner.reply.toolcalls.ToolCallParser`), so a call the model
-only mulls over while thinking is not made. Testable without a model.
+only mulls over while thinking is not made, and an answer that is nothing but a bare or fenced
+JSON call of an offered tool is judged as a whole after the reasoning. Testable without a model.
 """
 
 from __future__ import annotations

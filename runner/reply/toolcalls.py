@@ -17,6 +17,11 @@ does for its Go templates and llama.cpp's chat parser does for Jinja ones.
   emitted once, with its arguments parsed (a dict);
 - JSON that does not parse, a call of a tool the request did not offer, or a call cut off by the
   end of the output is given back as content, exactly as the model wrote it.
+
+Besides the template's syntax, when the request names its tools, an answer that is nothing but
+a JSON call (bare, or in one ```json fence) of one of them is a call too, as llama.cpp reads it
+(:mod:`.jsoncalls`): such an answer is held back while it may still be one, and handed to the
+template's syntax unchanged the moment it cannot.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..api import Message, Tool, ToolCall
+from .jsoncalls import WholeAnswer
 
 PROBE_NAME = "pollama_probe_function"
 PROBE_ARGS = {"pollama_probe_argument": "pollama probe value"}
@@ -208,10 +214,27 @@ class ToolCallParser:
     _at_start: bool = True  # nothing but whitespace so far (bare JSON calls only start there)
     _after_call: bool = False
     _index: int = 0
+    _whole: WholeAnswer | None = None  # while the whole answer may be a bare or fenced JSON call
+    _held: str = ""  # that answer so far
+
+    def __post_init__(self) -> None:
+        if self.tool_names:
+            own = "" if self.syntax.tag else ("[" if self.syntax.as_list else "{")
+            self._whole = WholeAnswer(self.tool_names, own)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
         """Content that can be shown now, and the calls completed by ``text``. With ``final``
         (the output ended) nothing is held back any more."""
+        if self._whole is not None:
+            self._held += text
+            found = self._whole.read(self._held, final)
+            if found is None:
+                return "", []
+            self._whole, text, self._held = None, self._held, ""
+            if found:
+                calls = [ToolCall(name, args, index=i, id=new_call_id()) for i, (name, args) in enumerate(found)]
+                self._index = len(calls)
+                return "", calls
         self._buf += text
         content: list[str] = []
         calls: list[ToolCall] = []

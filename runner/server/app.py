@@ -34,7 +34,8 @@ from runner.api import PollamaError
 from . import anthropic_api, ollama_api, openai_api, responses_api, store_api
 from .disconnect import TrackClient
 from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status_of
-from .middleware import GuardMiddleware, Hosts, Origins
+from .hostrule import Hosts
+from .middleware import GuardMiddleware, Origins
 from .protocol import Protocol
 from .scheduler import Scheduler
 from .service import Service

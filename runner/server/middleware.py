@@ -16,27 +16,29 @@ Two rules keep such pages out. They run on every request before anything reads i
    request is answered with ``Access-Control-Allow-Origin`` (the origin, or ``*`` when ``*`` is
    allowed) and ``Vary: Origin``. This is gin-contrib/cors as Ollama configures it.
 2. **Host (DNS rebinding).** When the server listens on a loopback address, the ``Host`` header
-   (port ignored) must name ``localhost``, ``*.localhost``, a loopback IP (``127.x.x.x``,
-   ``::1``) or the host the server was bound as (``OLLAMA_HOST``); else 403. A page on
-   ``evil.example`` whose name is made to resolve to 127.0.0.1 still sends
-   ``Host: evil.example``. A request without ``Host`` passes (browsers always send one).
-   Listening on any other address (``0.0.0.0``, a LAN IP) means the user chose to be reachable
-   by other machines: no Host check, as in Ollama.
+   must name this machine or a local network, as Ollama's rule says (:mod:`.hostrule`): a
+   loopback, private, unspecified or own-interface IP, ``localhost``, the machine's hostname, or
+   a name ending in ``.localhost``, ``.local`` or ``.internal``; else 403. A page on
+   ``evil.example`` whose name is made to resolve to 127.0.0.1 still sends ``Host: evil.example``.
+   A request without ``Host`` passes (HTTP/1.0; browsers always send one). Listening on any
+   other address (``0.0.0.0``, a LAN IP) means the user chose to be reachable by other
+   machines: no Host check, as in Ollama.
 
-An ``OPTIONS`` request that passes both rules is answered 204 with no body. Refusals carry the
-API's error body (see :func:`runner.server.http.error_body`) naming what was refused.
+An ``OPTIONS`` request that passes the Host rule by its name (not by an IP literal) is answered
+204 with no body, as Ollama's middleware does; any other goes on to the routes (405 or 404 there).
+Refusals carry the API's error body (see :func:`runner.server.http.error_body`) naming what was
+refused.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from dataclasses import dataclass
 from typing import Iterable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .hostrule import Hosts, Verdict
 from .http import error_body, send_json
 
 DEFAULT_ORIGIN_HOSTS = ("localhost", "127.0.0.1", "0.0.0.0")
@@ -94,62 +96,6 @@ class Origins:
         return out
 
 
-def _loopback_ip(text: str) -> bool:
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
-
-
-def _local_name(name: str) -> bool:
-    return name == "localhost" or name.endswith(".localhost")
-
-
-def host_name(header: str) -> str:
-    """The host a ``Host`` header names: lowercased, without its port or IPv6 brackets."""
-    value = header.strip().lower()
-    if value.startswith("["):
-        return value[1:].partition("]")[0]
-    if value.count(":") == 1:
-        return value.partition(":")[0]
-    return value
-
-
-def listens_on_loopback(bind_host: str) -> bool:
-    """Whether binding ``bind_host`` (OLLAMA_HOST's host) listens on loopback only."""
-    name = bind_host.lower().strip("[]")
-    if _local_name(name):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        try:
-            name = socket.gethostbyname(name)
-        except OSError:
-            return True  # cannot tell (bind will fail anyway): the strict answer
-    return _loopback_ip(name)
-
-
-@dataclass(frozen=True)
-class Hosts:
-    """The Host rule: ``bound`` is the host the server was bound as, or None when not on loopback."""
-
-    bound: str | None
-
-    @classmethod
-    def of(cls, bind_host: str) -> Hosts:
-        return cls(bind_host.lower().strip("[]") if listens_on_loopback(bind_host) else None)
-
-    def allows(self, header: str | None) -> bool:
-        if self.bound is None or not header:
-            return True
-        name = host_name(header)
-        return _local_name(name) or _loopback_ip(name) or name == self.bound
-
-
 class GuardMiddleware:
     """The two rules of this module, outside every handler."""
 
@@ -177,12 +123,14 @@ class GuardMiddleware:
             if preflight:
                 await _no_content(send, cors)
                 return
-        if not self.hosts.allows(host):
-            message = (f"host {host} is not allowed: a server on a loopback address answers only the hosts "
-                       "localhost, *.localhost, 127.x.x.x and ::1 (a proxy in front should send Host: localhost)")
+        verdict = self.hosts.verdict(host)
+        if verdict is Verdict.REFUSED:
+            message = (f"host {host} is not allowed: a server on a loopback address answers only localhost, "
+                       "this machine's hostname and IPs, *.localhost, *.local, *.internal and loopback or "
+                       "private IPs (a proxy in front should send Host: localhost)")
             await send_json(send, 403, error_body(message, status=403, path=path))
             return
-        if preflight:
+        if preflight and verdict is Verdict.NAME:
             await _no_content(send, [])
             return
         if not cors:
