@@ -247,42 +247,71 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
     obj_kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
 
     def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": ident, "object": obj_kind, "created": created, "model": model,
+        body = {"id": ident, "object": obj_kind, "created": created, "model": model,
                 "system_fingerprint": FINGERPRINT, "choices": choices}
+        if stream and include_usage:
+            body["usage"] = None  # OpenAI's: null on every chunk but the usage chunk
+        return body
 
-    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, streaming: bool,
-               thinking: str = "", calls=None) -> dict[str, Any]:
-        if chat:
-            key = "delta" if streaming else "message"
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                message["reasoning"] = message["reasoning_content"] = thinking
-            if calls:
-                message["tool_calls"] = toolwire.openai_calls(calls, streaming)
-            out: dict[str, Any] = {"index": 0, key: message}
-            if request.logprobs:
-                out["logprobs"] = chat_logprobs(lps or []) if (lps or not streaming) else None
-            out["finish_reason"] = reason
-            return out
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, thinking: str = "",
+               calls=None) -> dict[str, Any]:
+        """A whole answer's choice (``stream: false``)."""
+        if not chat:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["reasoning"] = message["reasoning_content"] = thinking
+        if calls:
+            message["tool_calls"] = toolwire.openai_calls(calls, False)
+        out: dict[str, Any] = {"index": 0, "message": message}
+        if request.logprobs:
+            out["logprobs"] = chat_logprobs(lps or [])
+        out["finish_reason"] = reason
+        return out
+
+    def delta(fields: dict[str, Any], reason: str | None = None,
+              lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        """A streamed chunk's choice: ``delta`` holds only what this chunk adds."""
+        if not chat:
+            return {"text": fields.get("content", ""), "index": 0, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "delta": fields, "logprobs": chat_logprobs(lps) if lps else None,
+                "finish_reason": reason}
+
+    def added(chunk: Chunk) -> dict[str, Any] | None:
+        """What a runner chunk adds to the answer, as delta fields (None: nothing)."""
+        fields: dict[str, Any] = {}
+        if chunk.thinking and chat:
+            fields["reasoning"] = fields["reasoning_content"] = chunk.thinking
+        if chunk.tool_calls and chat:
+            fields["tool_calls"] = toolwire.openai_calls(chunk.tool_calls, True)
+        if chunk.text or (chunk.logprobs and not fields):
+            fields["content"] = chunk.text
+        return fields or None
 
     async def events() -> AsyncIterator[bytes]:
+        """OpenAI's order: a first chunk with the role (chat) and nothing else, then each
+        chunk's additions (no role), then the finish_reason with an empty delta, then (with
+        ``stream_options.include_usage``) the usage with no choices, then ``[DONE]``."""
         chunks = svc.stream(model, request, options, keep_alive, t0)
         started = called = False
         try:
             async for chunk in chunks:
+                if not started and chat:
+                    yield sse(envelope([delta({"role": "assistant", "content": ""})]))
+                started = True
                 if chunk.done:
-                    yield sse(envelope([choice("", finish_reason(chunk, called), None, True)]))
+                    reason = finish_reason(chunk, called)
+                    yield sse(envelope([delta({}, reason)]))
                     if include_usage:
                         body = envelope([])
                         body["usage"] = usage(chunk)
                         yield sse(body)
                     yield b"data: [DONE]\n\n"
-                else:
-                    called = called or bool(chunk.tool_calls)
-                    yield sse(envelope([choice(chunk.text, None, chunk.logprobs, True, chunk.thinking,
-                                               chunk.tool_calls)]))
-                started = True
+                    continue
+                called = called or bool(chunk.tool_calls)
+                fields = added(chunk)
+                if fields is not None:
+                    yield sse(envelope([delta(fields, None, chunk.logprobs)]))
         except Exception as err:
             if not started:
                 raise
@@ -294,7 +323,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
         reply = await collect(svc.stream(model, request, options, keep_alive, t0))
         if reply.final is not None:
             body = envelope([choice(reply.text, finish_reason(reply.final, bool(reply.tool_calls)), reply.logprobs,
-                                    False, reply.thinking, reply.tool_calls)])
+                                    reply.thinking, reply.tool_calls)])
             body["usage"] = usage(reply.final)
             yield dumps(body)
 
