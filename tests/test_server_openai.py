@@ -123,3 +123,29 @@ def test_completions_stream_shape(server):
     assert all(c["text"] and c["finish_reason"] is None for c in choices[:-1])
     assert choices[-1]["text"] == "" and choices[-1]["finish_reason"] == "length"
     assert tail[0]["choices"] == [] and tail[0]["usage"]["completion_tokens"] == 5 and tail[1] == "[DONE]"
+
+
+# ------------------------------------------------------------------------------- embeddings
+def test_embeddings_take_token_arrays(server, oai):
+    """OpenAI's token-array inputs are embedded as given: a text's vector is its token ids'."""
+    from runner.model import load_tokenizer
+
+    tok = load_tokenizer(SMOLLM2)
+    texts = ["The cat sat on the mat.", "A dog barked."]
+    ids = [tok.encode(t, add_special=True, parse_special=True) for t in texts]  # as the runner tokenizes
+    by_text = oai.embeddings.create(model=SMOL, input=texts)
+    one = oai.embeddings.create(model=SMOL, input=ids[0])
+    many = oai.embeddings.create(model=SMOL, input=ids)
+    assert len(one.data) == 1 and len(many.data) == 2
+    assert one.data[0].embedding == pytest.approx(by_text.data[0].embedding, abs=1e-6)
+    for a, b in zip(many.data, by_text.data):
+        assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
+    assert many.usage.prompt_tokens == by_text.usage.prompt_tokens == sum(map(len, ids))
+    # ids outside the vocabulary, empty arrays, mixed lists: 400 in OpenAI's shape
+    for bad, words in [([tok.n_vocab], "token ids must be in [0, "), ([[1, 2], [-1]], "input[1]"), ([], "non-empty"),
+                       ([[]], "non-empty"), ([[1], []], "non-empty"), ([1, "a"], "invalid input type"),
+                       ([True, 2], "invalid input type"), ([1.5], "invalid input type")]:
+        r = httpx.post(server.url + "/v1/embeddings", json={"model": SMOL, "input": bad}, timeout=60)
+        assert r.status_code == 400, (bad, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and words in error["message"], (bad, error)

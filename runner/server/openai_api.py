@@ -109,7 +109,7 @@ class CompletionBody(_Sampling):
 
 class EmbeddingBody(_Body):
     model: str
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: Any  # a string, a list of strings, token ids, or a list of token-id lists (embedding_inputs)
     encoding_format: str | None = None
     dimensions: int | None = None
 
@@ -378,22 +378,38 @@ async def completions(body: CompletionBody, svc: Service = Depends(service)) -> 
                             keep_alive=keep_alive, stream=body.stream, include_usage=include_usage, t0=t0)
 
 
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def embedding_inputs(raw: Any) -> list[str | list[int]]:
+    """``/v1/embeddings`` ``input`` as OpenAI takes it: a string, a list of strings, one array of
+    token ids, or a list of them (ids are embedded as given; the runner checks them against the
+    vocabulary). Nothing empty: no empty string, no empty array."""
+    if isinstance(raw, str):
+        inputs: list[str | list[int]] = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+        inputs = list(raw)
+    elif isinstance(raw, list) and raw and _token_ids(raw):
+        inputs = [list(raw)]
+    elif isinstance(raw, list) and raw and all(_token_ids(t) for t in raw):
+        inputs = [list(t) for t in raw]
+    elif raw is None or raw == []:
+        inputs = []
+    else:
+        raise InvalidRequest("invalid input type: use a string, a list of strings, an array of token ids "
+                             "(integers) or a list of them")
+    if not inputs or any(len(t) == 0 for t in inputs):
+        raise InvalidRequest("invalid input: it must be a non-empty string or token array, or a non-empty list of them")
+    return inputs
+
+
 @router.post("/embeddings")
 async def embeddings(body: EmbeddingBody, svc: Service = Depends(service)) -> Response:
     t0 = now_ns()
     if not body.model:
         raise InvalidRequest("model is required")
-    raw = body.input
-    if isinstance(raw, str):
-        texts = [raw]
-    elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
-        texts = list(raw)  # type: ignore[arg-type]
-    elif raw is None:
-        texts = []
-    else:
-        raise InvalidRequest("invalid input type: token arrays are not supported, send strings")
-    if not texts or any(t == "" for t in texts):
-        raise InvalidRequest("invalid input: it must be a non-empty string or a list of non-empty strings")
+    texts = embedding_inputs(body.input)
     if body.encoding_format not in (None, "float", "base64"):
         raise InvalidRequest(f"invalid encoding_format {body.encoding_format!r}: use float or base64")
     if body.dimensions is not None and body.dimensions < 0:
