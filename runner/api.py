@@ -419,11 +419,14 @@ class Runner(Protocol):
         here; then the runner's thread calls ``deliver`` with each chunk, ending with a done chunk
         or an error. ``deliver`` must return at once."""
 
-    def embed(self, texts: list[str], truncate: bool = True,
+    def embed(self, texts: list[str | list[int]], truncate: bool = True,
               cancel: threading.Event | None = None) -> Embedding:
-        """Mean-pooled, L2-normalised embeddings of each text. Setting ``cancel`` (from any
-        thread) stops the work at the next batch: the call raises :class:`Cancelled` and the
-        inputs not yet evaluated never are."""
+        """Mean-pooled, L2-normalised embeddings of each input: a text (tokenized as a prompt
+        is), or a list of token ids embedded as given (OpenAI's token-array input; an empty
+        list or an id outside ``[0, n_vocab)`` is :class:`InvalidRequest`). Inputs longer
+        than ``num_ctx`` are cut to it when ``truncate``, else :class:`PromptTooLong`. Setting
+        ``cancel`` (from any thread) stops the work at the next batch: the call raises
+        :class:`Cancelled` and the inputs not yet evaluated never are."""
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         ...

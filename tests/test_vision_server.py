@@ -101,6 +101,27 @@ def test_openai_image_url_parts(server):
     assert "remote image URLs are not supported" in err.value.body["message"]
 
 
+def test_responses_input_image_parts(server):
+    """``/v1/responses`` takes an ``input_image`` part as ``/v1/chat/completions`` takes an
+    ``image_url`` one: the same prompt (every token of it cached from the chat's turn but the
+    last) and, greedy from the same cache state, the same answer."""
+    oai = openai.OpenAI(base_url=server.url + "/v1", api_key="pollama", max_retries=0, timeout=120)
+    url = "data:image/png;base64," + b64(png(5))
+
+    def chat():
+        return oai.chat.completions.create(model="vis", max_tokens=4, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}])
+
+    first = chat()
+    reply = oai.responses.create(model="vis", max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                     {"type": "input_image", "image_url": url, "detail": "auto"}]}])
+    assert reply.usage.input_tokens == first.usage.prompt_tokens > 16  # the image's 16 positions included
+    assert reply.usage.input_tokens_details.cached_tokens == reply.usage.input_tokens - 1
+    assert reply.output_text == chat().choices[0].message.content
+
+
 def test_anthropic_image_blocks(server):
     def post(source):
         return httpx.post(server.url + "/v1/messages", timeout=120, json={

@@ -161,9 +161,11 @@ class BatchRunner:
         self._check_open()
         return self.prompter.sequence(request)
 
-    def embed(self, texts: list[str], truncate: bool = True, cancel: threading.Event | None = None) -> Embedding:
-        """All of ``texts`` go to the loop as one job, evaluated several per decode; texts with
-        the same tokens are evaluated once (their vectors are the same)."""
+    def embed(self, texts: list[str | list[int]], truncate: bool = True,
+              cancel: threading.Event | None = None) -> Embedding:
+        """All of ``texts`` (texts or token ids, :meth:`runner.api.Runner.embed`) go to the loop
+        as one job, evaluated several per decode; inputs with the same tokens are evaluated
+        once (their vectors are the same)."""
         self._check_open()
         inputs = self.prompter.embed_inputs(texts, truncate)
         if not inputs:

@@ -147,11 +147,18 @@ class Prompter:
             text = self.detokenize(list(request.context), "context") + text
         return self._sequence(self._tokenizer(images)(text), request, text, None if request.raw else chosen)
 
-    def embed_inputs(self, texts: list[str], truncate: bool) -> list[list[int]]:
-        """The tokens of each text of an embedding request, cut to ``num_ctx`` when ``truncate``."""
+    def embed_inputs(self, texts: list[str | list[int]], truncate: bool) -> list[list[int]]:
+        """The tokens of each input of an embedding request (a text's, or the token ids given,
+        checked against the vocabulary), cut to ``num_ctx`` when ``truncate``."""
         inputs = []
-        for text in texts:
-            tokens = self.engine.tokenize(text)
+        n_vocab = self.engine.n_vocab
+        for k, text in enumerate(texts):
+            if isinstance(text, str):
+                tokens = self.engine.tokenize(text)
+            else:
+                tokens = list(text)
+                if any(type(t) is not int or not 0 <= t < n_vocab for t in tokens):
+                    raise InvalidRequest(f"invalid input[{k}]: token ids must be in [0, {n_vocab})")
             if not tokens:
                 raise InvalidRequest("no input provided")
             if len(tokens) > self.num_ctx:

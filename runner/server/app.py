@@ -37,6 +37,7 @@ from .http import JSON, JsonBodyMiddleware, ServerMiddleware, error_body, status
 from .hostrule import Hosts
 from .middleware import GuardMiddleware, Origins
 from .protocol import Protocol
+from .responsestore import ResponseStore
 from .scheduler import Scheduler
 from .service import Service
 
@@ -81,6 +82,7 @@ def create_app(cfg: _config.Config | None = None, scheduler: Scheduler | None = 
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler
     app.state.service = Service(scheduler)
+    app.state.responses = ResponseStore()  # the Responses API's stored responses (store: true)
 
     @app.exception_handler(PollamaError)
     async def pollama_error(request: Request, err: PollamaError) -> Response:

@@ -109,7 +109,7 @@ class CompletionBody(_Sampling):
 
 class EmbeddingBody(_Body):
     model: str
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: Any  # a string, a list of strings, token ids, or a list of token-id lists (embedding_inputs)
     encoding_format: str | None = None
     dimensions: int | None = None
 
@@ -247,42 +247,71 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
     obj_kind = ("chat.completion.chunk" if stream else "chat.completion") if chat else "text_completion"
 
     def envelope(choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": ident, "object": obj_kind, "created": created, "model": model,
+        body = {"id": ident, "object": obj_kind, "created": created, "model": model,
                 "system_fingerprint": FINGERPRINT, "choices": choices}
+        if stream and include_usage:
+            body["usage"] = None  # OpenAI's: null on every chunk but the usage chunk
+        return body
 
-    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, streaming: bool,
-               thinking: str = "", calls=None) -> dict[str, Any]:
-        if chat:
-            key = "delta" if streaming else "message"
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if thinking:
-                message["reasoning"] = message["reasoning_content"] = thinking
-            if calls:
-                message["tool_calls"] = toolwire.openai_calls(calls, streaming)
-            out: dict[str, Any] = {"index": 0, key: message}
-            if request.logprobs:
-                out["logprobs"] = chat_logprobs(lps or []) if (lps or not streaming) else None
-            out["finish_reason"] = reason
-            return out
-        return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+    def choice(text: str, reason: str | None, lps: list[TokenLogprob] | None, thinking: str = "",
+               calls=None) -> dict[str, Any]:
+        """A whole answer's choice (``stream: false``)."""
+        if not chat:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": reason}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["reasoning"] = message["reasoning_content"] = thinking
+        if calls:
+            message["tool_calls"] = toolwire.openai_calls(calls, False)
+        out: dict[str, Any] = {"index": 0, "message": message}
+        if request.logprobs:
+            out["logprobs"] = chat_logprobs(lps or [])
+        out["finish_reason"] = reason
+        return out
+
+    def delta(fields: dict[str, Any], reason: str | None = None,
+              lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        """A streamed chunk's choice: ``delta`` holds only what this chunk adds."""
+        if not chat:
+            return {"text": fields.get("content", ""), "index": 0, "logprobs": None, "finish_reason": reason}
+        return {"index": 0, "delta": fields, "logprobs": chat_logprobs(lps) if lps else None,
+                "finish_reason": reason}
+
+    def added(chunk: Chunk) -> dict[str, Any] | None:
+        """What a runner chunk adds to the answer, as delta fields (None: nothing)."""
+        fields: dict[str, Any] = {}
+        if chunk.thinking and chat:
+            fields["reasoning"] = fields["reasoning_content"] = chunk.thinking
+        if chunk.tool_calls and chat:
+            fields["tool_calls"] = toolwire.openai_calls(chunk.tool_calls, True)
+        if chunk.text or (chunk.logprobs and not fields):
+            fields["content"] = chunk.text
+        return fields or None
 
     async def events() -> AsyncIterator[bytes]:
+        """OpenAI's order: a first chunk with the role (chat) and nothing else, then each
+        chunk's additions (no role), then the finish_reason with an empty delta, then (with
+        ``stream_options.include_usage``) the usage with no choices, then ``[DONE]``."""
         chunks = svc.stream(model, request, options, keep_alive, t0)
         started = called = False
         try:
             async for chunk in chunks:
+                if not started and chat:
+                    yield sse(envelope([delta({"role": "assistant", "content": ""})]))
+                started = True
                 if chunk.done:
-                    yield sse(envelope([choice("", finish_reason(chunk, called), None, True)]))
+                    reason = finish_reason(chunk, called)
+                    yield sse(envelope([delta({}, reason)]))
                     if include_usage:
                         body = envelope([])
                         body["usage"] = usage(chunk)
                         yield sse(body)
                     yield b"data: [DONE]\n\n"
-                else:
-                    called = called or bool(chunk.tool_calls)
-                    yield sse(envelope([choice(chunk.text, None, chunk.logprobs, True, chunk.thinking,
-                                               chunk.tool_calls)]))
-                started = True
+                    continue
+                called = called or bool(chunk.tool_calls)
+                fields = added(chunk)
+                if fields is not None:
+                    yield sse(envelope([delta(fields, None, chunk.logprobs)]))
         except Exception as err:
             if not started:
                 raise
@@ -294,7 +323,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
         reply = await collect(svc.stream(model, request, options, keep_alive, t0))
         if reply.final is not None:
             body = envelope([choice(reply.text, finish_reason(reply.final, bool(reply.tool_calls)), reply.logprobs,
-                                    False, reply.thinking, reply.tool_calls)])
+                                    reply.thinking, reply.tool_calls)])
             body["usage"] = usage(reply.final)
             yield dumps(body)
 
@@ -349,22 +378,38 @@ async def completions(body: CompletionBody, svc: Service = Depends(service)) -> 
                             keep_alive=keep_alive, stream=body.stream, include_usage=include_usage, t0=t0)
 
 
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def embedding_inputs(raw: Any) -> list[str | list[int]]:
+    """``/v1/embeddings`` ``input`` as OpenAI takes it: a string, a list of strings, one array of
+    token ids, or a list of them (ids are embedded as given; the runner checks them against the
+    vocabulary). Nothing empty: no empty string, no empty array."""
+    if isinstance(raw, str):
+        inputs: list[str | list[int]] = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+        inputs = list(raw)
+    elif isinstance(raw, list) and raw and _token_ids(raw):
+        inputs = [list(raw)]
+    elif isinstance(raw, list) and raw and all(_token_ids(t) for t in raw):
+        inputs = [list(t) for t in raw]
+    elif raw is None or raw == []:
+        inputs = []
+    else:
+        raise InvalidRequest("invalid input type: use a string, a list of strings, an array of token ids "
+                             "(integers) or a list of them")
+    if not inputs or any(len(t) == 0 for t in inputs):
+        raise InvalidRequest("invalid input: it must be a non-empty string or token array, or a non-empty list of them")
+    return inputs
+
+
 @router.post("/embeddings")
 async def embeddings(body: EmbeddingBody, svc: Service = Depends(service)) -> Response:
     t0 = now_ns()
     if not body.model:
         raise InvalidRequest("model is required")
-    raw = body.input
-    if isinstance(raw, str):
-        texts = [raw]
-    elif isinstance(raw, list) and all(isinstance(t, str) for t in raw):
-        texts = list(raw)  # type: ignore[arg-type]
-    elif raw is None:
-        texts = []
-    else:
-        raise InvalidRequest("invalid input type: token arrays are not supported, send strings")
-    if not texts or any(t == "" for t in texts):
-        raise InvalidRequest("invalid input: it must be a non-empty string or a list of non-empty strings")
+    texts = embedding_inputs(body.input)
     if body.encoding_format not in (None, "float", "base64"):
         raise InvalidRequest(f"invalid encoding_format {body.encoding_format!r}: use float or base64")
     if body.dimensions is not None and body.dimensions < 0:

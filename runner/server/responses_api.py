@@ -1,43 +1,61 @@
-"""OpenAI's Responses API, stateless: ``POST /v1/responses`` (what Codex-style agents speak).
+"""OpenAI's Responses API: ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}`` (what
+Codex-style agents speak), shaped as the OpenResponses specification's response object.
 
 The request: ``input`` (a string, or a list of items: messages with a ``role`` and ``content`` as
-a string or ``input_text`` / ``output_text`` parts, ``function_call`` items with ``call_id``,
-``name`` and ``arguments``, ``function_call_output`` items with ``call_id`` and ``output``,
-``reasoning`` items whose text goes back as the next assistant turn's thinking), ``instructions``
-(a system message first), ``tools`` (flat: ``{"type": "function", "name", "description",
+a string or ``input_text`` / ``output_text`` / ``input_image`` parts, ``function_call`` items with
+``call_id``, ``name`` and ``arguments``, ``function_call_output`` items with ``call_id`` and
+``output``, ``reasoning`` items whose text goes back as the next assistant turn's thinking),
+``instructions`` (a system message first; not carried over by ``previous_response_id``, as
+OpenAI's are not), ``tools`` (flat: ``{"type": "function", "name", "description",
 "parameters"}``), ``tool_choice``, ``parallel_tool_calls``, ``max_output_tokens``,
-``temperature`` and ``top_p`` (1.0 unless given, as on ``/v1/chat/completions``),
-``reasoning.effort`` (as ``think``), ``text.format`` (``json_object`` / ``json_schema``) and
-``stream``. Nothing is stored: ``previous_response_id`` and ``conversation`` are refused.
+``temperature`` and ``top_p`` (1.0 unless given, as on ``/v1/chat/completions``), the penalties,
+``reasoning.effort`` (as ``think``), ``text.format`` (``json_object`` / ``json_schema``),
+``stream``, ``store`` and ``previous_response_id``. An ``input_image`` is a base64 data URL in
+``image_url``, as ``/v1/chat/completions`` takes images (a remote URL or a ``file_id`` is a 400).
+``conversation`` and ``background`` are refused.
 
-The answer is a ``response`` object whose ``output`` lists, in the order the model wrote them, a
-``reasoning`` item (its thinking as ``summary_text``, as Ollama sends it), ``message`` items
-(``output_text``) and ``function_call`` items (``arguments`` a JSON string). A reply cut off by
-``max_output_tokens`` has status ``incomplete`` with ``incomplete_details.reason``
-``max_output_tokens``, as OpenAI's does. Streamed, it is OpenAI's events, each with its
-``sequence_number``: ``response.created``, ``response.in_progress``, then per item
-``response.output_item.added`` … ``response.output_item.done`` (with ``content_part``,
-``output_text.delta/done``, ``reasoning_summary_*`` or ``function_call_arguments.delta/done``
-inside), then ``response.completed`` (or ``response.incomplete``); an error after the stream has
-begun is a ``response.failed`` event. Errors before it have OpenAI's shape (400 for bad input).
+Responses are kept (``store`` true, the default) in a bounded in-memory
+:class:`~runner.server.responsestore.ResponseStore`: ``previous_response_id`` continues one (its
+input items, then its output items, then the new input: the prompt extends the earlier one, so
+the slot's cache holds most of it, as for a resent conversation), ``GET`` answers it and
+``DELETE`` forgets it. An id that is not kept (never, ``store: false``, evicted or deleted) is a
+404 with OpenAI's ``invalid_request_error``.
+
+The answer is a ``response`` object with every field the OpenResponses schema requires, whose
+``output`` lists, in the order the model wrote them, a ``reasoning`` item (its thinking as
+``summary_text``, as Ollama sends it), ``message`` items (``output_text``) and ``function_call``
+items (``arguments`` a JSON string). A reply cut off by ``max_output_tokens`` has status
+``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens`` (and its last message
+item is ``incomplete``), as OpenAI's does. Streamed, it is OpenAI's events, each with its
+``sequence_number`` and an ``event:`` line that names its type: ``response.created``,
+``response.in_progress``, then per item ``response.output_item.added`` …
+``response.output_item.done`` (with ``content_part``, ``output_text.delta/done``,
+``reasoning_summary_*`` or ``function_call_arguments.delta/done`` inside), then
+``response.completed`` (or ``response.incomplete``), then ``data: [DONE]``; an error after the
+stream has begun is a ``response.failed`` event. Errors before it have OpenAI's shape (400 for
+bad input).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
 from typing import Any, AsyncIterator, Union
 
 from fastapi import APIRouter, Depends
+from fastapi import Request as HTTPRequest
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from runner.api import Chunk, DoneReason, InvalidRequest, Message, Request, ToolCall
+from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Request, ToolCall
+from runner.images import image_from_data_url
 
 from . import toolwire
 from .http import JSON, SSE, RunnerResponse, dumps, status_of
 from .ollama_api import service
+from .responsestore import ResponseStore
 from runner.prepare import think_level
 from .service import Service, collect, now_ns, parse_keep_alive
 
@@ -59,30 +77,60 @@ class ResponsesBody(BaseModel):
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     stream: bool = False
+    store: bool | None = None  # OpenAI's default: kept
     previous_response_id: str | None = None
     conversation: Any = None
+    background: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_logprobs: int | None = None
+    max_tool_calls: int | None = None
+    truncation: str | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     keep_alive: Union[str, float, None] = None
 
 
+def response_store(request: HTTPRequest) -> ResponseStore:
+    return request.app.state.responses
+
+
 # ------------------------------------------------------------------------------------- input
-def _content_text(content: Any, where: str) -> str:
-    """A message's content: a string, or a list of ``input_text`` / ``output_text`` parts."""
+def _content(content: Any, where: str) -> tuple[str, list[Image]]:
+    """A message's content: a string, or a list of ``input_text`` / ``output_text`` parts and
+    ``input_image`` parts (``image_url`` a base64 data URL, as ``/v1/chat/completions`` takes)."""
     if content is None:
-        return ""
+        return "", []
     if isinstance(content, str):
-        return content
+        return content, []
     if not isinstance(content, list):
         raise InvalidRequest(f"invalid {where}: content is a string or a list of parts")
-    texts = []
+    texts: list[str] = []
+    images: list[Image] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             texts.append(part["text"])
-        elif kind in ("input_image", "input_file"):
+        elif kind == "input_image":
+            if part.get("image_url") is None and part.get("file_id") is not None:
+                raise InvalidRequest(f"invalid {where}[{j}]: file_id images are not supported; send a base64 data URL "
+                                     "in image_url")
+            images.append(image_from_data_url(part.get("image_url"), f"image {where}[{j}]"))
+        elif kind == "input_file":
             raise InvalidRequest(f"invalid {where}[{j}]: {kind} is not supported")
         else:
             raise InvalidRequest(f"invalid {where}[{j}]: unknown content type {kind!r}")
-    return "".join(texts)
+    return "".join(texts), images
+
+
+def _content_text(content: Any, where: str) -> str:
+    """Content that may not carry images (a function call's output)."""
+    text, images = _content(content, where)
+    if images:
+        raise InvalidRequest(f"invalid {where}: images are only taken in messages")
+    return text
 
 
 def _reasoning_text(item: dict[str, Any]) -> str:
@@ -94,24 +142,29 @@ def _reasoning_text(item: dict[str, Any]) -> str:
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
-def to_messages(body: ResponsesBody) -> list[Message]:
-    """``instructions`` and ``input`` as the runner's conversation. Consecutive ``function_call``
-    items join one assistant turn (after its text, if the turn has any); a
-    ``function_call_output`` is a ``tool`` message named after the call it answers."""
-    out: list[Message] = []
-    if body.instructions:
-        out.append(Message("system", body.instructions))
+def input_items(body: ResponsesBody) -> list[Any]:
+    """The request's ``input`` as items (a string is one user message)."""
     if isinstance(body.input, str):
         if not body.input:
             raise InvalidRequest("input must not be empty")
-        out.append(Message("user", body.input))
-        return out
+        return [{"type": "message", "role": "user", "content": body.input}]
     if not body.input:
         raise InvalidRequest("input must not be empty")
+    return list(body.input)
+
+
+def to_messages(instructions: str | None, items: list[Any], first: int = 0) -> list[Message]:
+    """``instructions`` and input ``items`` as the runner's conversation. Consecutive
+    ``function_call`` items join one assistant turn (after its text, if the turn has any); a
+    ``function_call_output`` is a ``tool`` message named after the call it answers. ``first``:
+    the position of the request's own ``input`` in ``items`` (after a chain's), for errors."""
+    out: list[Message] = []
+    if instructions:
+        out.append(Message("system", instructions))
     names: dict[str, str] = {}
     thinking = ""
-    for i, item in enumerate(body.input):
-        where = f"input[{i}]"
+    for i, item in enumerate(items):
+        where = f"input[{i - first}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"invalid {where}: an input item is an object")
         kind = item.get("type") or ("message" if "role" in item else None)
@@ -119,8 +172,8 @@ def to_messages(body: ResponsesBody) -> list[Message]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise InvalidRequest(f"invalid {where}.role {role!r}: use user, system, developer or assistant")
-            text = _content_text(item.get("content"), f"{where}.content")
-            message = Message("system" if role == "developer" else role, text)
+            text, images = _content(item.get("content"), f"{where}.content")
+            message = Message("system" if role == "developer" else role, text, images=images)
             if role == "assistant" and thinking:
                 message.thinking, thinking = thinking, ""
             out.append(message)
@@ -200,7 +253,9 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _message_item(ident: str, text: str, status: str) -> dict[str, Any]:
-    content = [_text_part(text)] if status == "completed" else []
+    """A message item: ``in_progress`` (just added: no content yet), ``completed``, or
+    ``incomplete`` (cut off by ``max_output_tokens``)."""
+    content = [] if status == "in_progress" else [_text_part(text)]
     return {"id": ident, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
@@ -226,7 +281,8 @@ def _usage(chunk: Chunk | None) -> dict[str, Any]:
 
 
 class _Envelope:
-    """The response object's fields that echo the request."""
+    """The response object's fields that echo the request (every field the OpenResponses
+    schema requires)."""
 
     def __init__(self, body: ResponsesBody, tools: list[dict[str, Any]]) -> None:
         self.id = _ident("resp")
@@ -245,18 +301,25 @@ class _Envelope:
             "id": self.id, "object": "response", "created_at": self.created_at,
             "completed_at": int(time.time()) if status == "completed" else None,
             "status": status, "error": error, "incomplete_details": incomplete, "model": b.model,
-            "instructions": b.instructions, "output": output,
+            "previous_response_id": b.previous_response_id, "instructions": b.instructions, "output": output,
             "tools": [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
                        "parameters": t["function"]["parameters"], "strict": False} for t in self.tools],
             "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
+            "truncation": b.truncation or "disabled",
             "parallel_tool_calls": b.parallel_tool_calls if b.parallel_tool_calls is not None else True,
-            "temperature": 1.0 if b.temperature is None else b.temperature,
+            "text": text,
             "top_p": 1.0 if b.top_p is None else b.top_p,
-            "max_output_tokens": b.max_output_tokens, "previous_response_id": None,
+            "presence_penalty": b.presence_penalty or 0.0,
+            "frequency_penalty": b.frequency_penalty or 0.0,
+            "top_logprobs": b.top_logprobs or 0,
+            "temperature": 1.0 if b.temperature is None else b.temperature,
             "reasoning": {"effort": (b.reasoning or {}).get("effort"), "summary": None} if b.reasoning else None,
-            "text": text, "truncation": "disabled", "store": False, "background": False,
-            "service_tier": "default", "metadata": {},
+            "user": b.user,
             "usage": _usage(final) if final is not None else None,
+            "max_output_tokens": b.max_output_tokens, "max_tool_calls": b.max_tool_calls,
+            "store": b.store is not False, "background": False, "service_tier": "default",
+            "metadata": b.metadata or {}, "safety_identifier": b.safety_identifier,
+            "prompt_cache_key": b.prompt_cache_key,
         }
 
 
@@ -279,6 +342,7 @@ class _Events:
         self.open: str | None = None  # "reasoning" or "message": the item being streamed
         self.open_id = ""
         self.text = ""
+        self.final: dict[str, Any] | None = None  # the response object, once done
 
     def emit(self, name: str, data: dict[str, Any]) -> bytes:
         out = _event(name, self.seq, data)
@@ -295,8 +359,8 @@ class _Events:
         out.append(self.emit("response.output_item.added", {"output_index": len(self.output), "item": item}))
         return out
 
-    def close(self) -> list[bytes]:
-        """Finish the item being streamed, if any."""
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Finish the item being streamed, if any (a message as ``status``)."""
         if self.open is None:
             return []
         at, ident, text = len(self.output), self.open_id, self.text
@@ -308,7 +372,7 @@ class _Events:
                    self.emit("response.reasoning_summary_part.done",
                              {"item_id": ident, "output_index": at, "summary_index": 0, "part": part})]
         else:
-            item = _message_item(ident, text, "completed")
+            item = _message_item(ident, text, status)
             out = [self.emit("response.output_text.done", {"item_id": ident, "output_index": at, "content_index": 0,
                                                            "text": text, "logprobs": []}),
                    self.emit("response.content_part.done", {"item_id": ident, "output_index": at,
@@ -358,13 +422,15 @@ class _Events:
         return out
 
     def done(self, final: Chunk) -> list[bytes]:
+        """Close the last item and end with the whole response (kept in :attr:`final`)."""
         out = []
         if not self.output and self.open is None:  # an empty answer is still a message
             out += self.content("")
-        out += self.close()
         status = _status(final)
+        out += self.close(status)
+        self.final = self.envelope.object(status, self.output, final)
         name = "response.completed" if status == "completed" else "response.incomplete"
-        out.append(self.emit(name, {"response": self.envelope.object(status, self.output, final)}))
+        out.append(self.emit(name, {"response": self.final}))
         return out
 
     def failed(self, err: BaseException) -> bytes:
@@ -372,21 +438,54 @@ class _Events:
         return self.emit("response.failed", {"response": self.envelope.object("failed", self.output, error=error)})
 
 
-# ------------------------------------------------------------------------------------ route
+# ----------------------------------------------------------------------------------- routes
+def not_found(message: str, param: str | None = None, code: str | None = None) -> Response:
+    """OpenAI's 404 for a response id it does not have (an ``invalid_request_error``)."""
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    return Response(dumps(body), status_code=404, media_type=JSON)
+
+
+def output_items(reply_final: Chunk, thinking: str, text: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """A whole reply's output items, in the order the model writes them; the message of a
+    reply cut off by ``max_output_tokens`` is ``incomplete`` when it is the last item."""
+    output: list[dict[str, Any]] = []
+    if thinking:
+        output.append(_reasoning_item(_ident("rs"), thinking))
+    if text or not calls:
+        status = _status(reply_final) if not calls else "completed"
+        output.append(_message_item(_ident("msg"), text, status))
+    output.extend(_call_item(_ident("fc"), c, "completed") for c in calls)
+    return output
+
+
 @router.post("/responses")
-async def responses(body: ResponsesBody, svc: Service = Depends(service)) -> Response:
+async def responses(body: ResponsesBody, svc: Service = Depends(service),
+                    store: ResponseStore = Depends(response_store)) -> Response:
     t0 = now_ns()
     if not body.model:
         raise InvalidRequest("model is required")
-    if body.previous_response_id is not None or body.conversation is not None:
-        raise InvalidRequest("previous_response_id and conversation are not supported: "
-                             "pollama stores no responses, send the whole conversation in input")
+    if body.conversation is not None:
+        raise InvalidRequest("conversation is not supported: chain responses with previous_response_id, "
+                             "or send the whole conversation in input")
+    if body.background:
+        raise InvalidRequest("background is not supported: pollama answers while the request is open")
     if body.max_output_tokens is not None and body.max_output_tokens < 1:
         raise InvalidRequest(f"invalid max_output_tokens {body.max_output_tokens}: it must be at least 1")
+    if body.truncation not in (None, "auto", "disabled"):
+        raise InvalidRequest(f"invalid truncation {body.truncation!r}: use auto or disabled")
+    chain: list[Any] = []
+    if body.previous_response_id is not None:
+        previous = store.get(body.previous_response_id)
+        if previous is None:
+            return not_found(f"Previous response with id '{body.previous_response_id}' not found.",
+                             "previous_response_id", "previous_response_not_found")
+        chain = previous.conversation()
+    items = chain + input_items(body)
     wire_tools = to_tools(body.tools)
     tools = toolwire.parse_tools(wire_tools)
+    messages = await asyncio.to_thread(to_messages, body.instructions, items, len(chain))  # decodes images
     request = Request(
-        messages=to_messages(body), tools=tools,
+        messages=messages, tools=tools,
         tool_choice=toolwire.parse_tool_choice(to_tool_choice(body.tool_choice), tools),
         parallel_tool_calls=body.parallel_tool_calls, format=text_format(body.text),
         think=think_level((body.reasoning or {}).get("effort"), "reasoning_effort"),
@@ -395,20 +494,25 @@ async def responses(body: ResponsesBody, svc: Service = Depends(service)) -> Res
                                "top_p": 1.0 if body.top_p is None else body.top_p}
     if body.max_output_tokens is not None:
         options["num_predict"] = body.max_output_tokens
+    if body.presence_penalty is not None:
+        options["presence_penalty"] = body.presence_penalty
+    if body.frequency_penalty is not None:
+        options["frequency_penalty"] = body.frequency_penalty
     keep_alive = parse_keep_alive(body.keep_alive)
     envelope = _Envelope(body, wire_tools)
+
+    def keep(response: dict[str, Any]) -> None:
+        if body.store is not False:
+            store.put(envelope.id, response, items)
 
     async def single() -> AsyncIterator[bytes]:
         reply = await collect(svc.stream(body.model, request, options, keep_alive, t0))
         if reply.final is None:
             return
-        output: list[dict[str, Any]] = []
-        if reply.thinking:
-            output.append(_reasoning_item(_ident("rs"), reply.thinking))
-        if reply.text or not reply.tool_calls:
-            output.append(_message_item(_ident("msg"), reply.text, "completed"))
-        output.extend(_call_item(_ident("fc"), c, "completed") for c in reply.tool_calls)
-        yield dumps(envelope.object(_status(reply.final), output, reply.final))
+        output = output_items(reply.final, reply.thinking, reply.text, reply.tool_calls)
+        response = envelope.object(_status(reply.final), output, reply.final)
+        keep(response)
+        yield dumps(response)
 
     async def events() -> AsyncIterator[bytes]:
         chunks = svc.stream(body.model, request, options, keep_alive, t0)
@@ -428,13 +532,34 @@ async def responses(body: ResponsesBody, svc: Service = Depends(service)) -> Res
                     pieces += state.call(call)
                 if chunk.done:
                     pieces += state.done(chunk)
+                    assert state.final is not None
+                    keep(state.final)
+                    pieces.append(b"data: [DONE]\n\n")
                 for piece in pieces:
                     yield piece
         except Exception as err:
             if not started:
                 raise
             yield state.failed(err)
+            yield b"data: [DONE]\n\n"
         finally:
             await chunks.aclose()
 
     return RunnerResponse(events if body.stream else single, SSE if body.stream else JSON, on_close=request.cancel.set)
+
+
+@router.get("/responses/{response_id}")
+async def get_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Response:
+    """The stored response object (404 when it is not kept)."""
+    stored = store.get(response_id)
+    if stored is None:
+        return not_found(f"Response with id '{response_id}' not found.")
+    return Response(stored.response, media_type=JSON)
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str, store: ResponseStore = Depends(response_store)) -> Response:
+    """Forget a stored response: OpenAI's deletion object (404 when it is not kept)."""
+    if not store.delete(response_id):
+        return not_found(f"Response with id '{response_id}' not found.")
+    return Response(dumps({"id": response_id, "object": "response", "deleted": True}), media_type=JSON)

@@ -142,9 +142,11 @@ class Service:
                 self.scheduler.finish(job)
             self.scheduler.release(model)
 
-    async def embed(self, name: str, texts: list[str], truncate: bool, raw_options: Mapping[str, Any] | None,
-                    keep_alive: float | None, t0: int) -> tuple[list[list[float]], int, int]:
-        """(vectors, prompt tokens, load duration ns). An empty ``texts`` only loads the model.
+    async def embed(self, name: str, texts: list[str | list[int]], truncate: bool,
+                    raw_options: Mapping[str, Any] | None, keep_alive: float | None,
+                    t0: int) -> tuple[list[list[float]], int, int]:
+        """(vectors, prompt tokens, load duration ns) of ``texts`` (texts or token ids, as
+        :meth:`runner.api.Runner.embed` takes them). An empty ``texts`` only loads the model.
 
         The work stops at the runner's next batch when the client disconnects (the inputs not
         yet evaluated never are) or the server shuts down; the model stays in use until the
