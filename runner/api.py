@@ -311,6 +311,10 @@ class Request:
     # the model's reasoning: None (the model's default: on for models that think), True/False,
     # or an effort "high"|"medium"|"low"
     think: bool | str | None = None
+    # True: ``think`` is a wish, not a demand: for a model without reasoning it is dropped (the
+    # model's default) instead of refused. Anthropic's /v1/messages, as Ollama's: Claude-Code-style
+    # clients ask every model to think. False (/api/chat, /api/generate, OpenAI's): a 400.
+    relax_think: bool = False
     options: Options = field(default_factory=Options)
     truncate: bool = True
     shift: bool = True

