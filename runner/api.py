@@ -361,7 +361,12 @@ class Metrics:
 
 @dataclass
 class Chunk:
-    """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics."""
+    """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics.
+
+    ``stop``: on the last chunk, the stop sequence (one of ``Options.stop``, the request's or the
+    model's PARAMETERs) whose appearance ended the output (``done_reason`` STOP; the text is cut
+    before it); None when anything else ended it (an end-of-generation token, a length, a cancel).
+    """
 
     text: str = ""
     thinking: str = ""  # reasoning, separated from the answer when the request thinks
@@ -371,6 +376,7 @@ class Chunk:
     metrics: Metrics | None = None
     logprobs: list[TokenLogprob] | None = None
     context: list[int] | None = None  # generate only: prompt + response tokens
+    stop: str | None = None  # the last chunk: the stop sequence that ended the output, if one did
 
 
 @dataclass

@@ -78,6 +78,14 @@ def test_a_stop_inside_one_token_keeps_that_token_out_of_the_slot():
     assert out.generated == [100]
 
 
+def test_the_last_chunk_names_the_stop_sequence_that_ended_the_output():
+    out = Output(stops=[b"zz", "é!".encode()], num_predict=0)
+    verdict = feed(out, [b"ok", "é".encode(), b"!"])
+    assert verdict.done is DoneReason.STOP and out.final(verdict.done, []).stop == "é!"
+    out = Output(stops=[b"zz"], num_predict=0)  # an end-of-generation token: no stop sequence
+    assert out.final(feed(out, [b"a", b""], eog_at=1).done, []).stop is None
+
+
 def test_a_held_prefix_that_turns_out_not_to_be_a_stop_is_sent():
     out = Output(stops=[b"STOP"], num_predict=0)
     feed(out, [b"ST", b"ay"])

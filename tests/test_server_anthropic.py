@@ -53,3 +53,26 @@ def test_thinking_is_dropped_for_a_model_that_cannot_think(server, client):
     r = httpx.post(server.url + "/api/chat", timeout=60, json={
         "model": SMOL, "think": True, "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 400 and r.json()["error"] == f'"{SMOL}" does not support thinking'
+
+
+def test_stop_sequence_that_matched_is_the_stop_reason(client):
+    messages = [{"role": "user", "content": "Write a sentence about the sea."}]
+    free = client.messages.create(model=SMOL, max_tokens=8, extra_body=GREEDY, messages=messages)
+    assert free.stop_reason == "max_tokens" and free.stop_sequence is None
+    text = free.content[0].text
+    word = text.split()[1]  # a word the model writes early on
+    stops = ["zzqqxx", word]
+    out = client.messages.create(model=SMOL, max_tokens=8, extra_body=GREEDY, messages=messages,
+                                 stop_sequences=stops)
+    assert out.stop_reason == "stop_sequence" and out.stop_sequence == word
+    assert out.content[0].text == text[:text.index(word)]
+    with client.messages.stream(model=SMOL, max_tokens=8, extra_body=GREEDY, messages=messages,
+                                stop_sequences=stops) as stream:
+        delta = next(e for e in stream if e.type == "message_delta")
+        final = stream.get_final_message()
+    assert delta.delta.stop_reason == "stop_sequence" and delta.delta.stop_sequence == word
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == word
+    # a model's own end is end_turn, with no stop sequence
+    done = client.messages.create(model=SMOL, max_tokens=40, extra_body=GREEDY,
+                                  messages=[{"role": "user", "content": "Say OK."}])
+    assert done.stop_reason == "end_turn" and done.stop_sequence is None

@@ -48,6 +48,7 @@ class Output:
     num_predicted: int = 0
     pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    stopped_by: bytes | None = None  # the stop sequence that ended the output, once one has
     cached: int = 0  # prompt tokens found in the slot
     evaluated: int = 0  # prompt tokens evaluated
     t_start: int = 0
@@ -80,6 +81,7 @@ class Output:
         stops = self.stops
         stop = find_stop(joined, stops) if stops else None
         if stop is not None:
+            self.stopped_by = stop
             return Verdict(DoneReason.STOP, self._cut_at_stop(stop))
         if self.num_predict > 0 and self.num_predicted >= self.num_predict:
             return Verdict(DoneReason.LENGTH)
@@ -127,10 +129,13 @@ class Output:
 
     def final(self, reason: DoneReason, prompt: list[Input]) -> Chunk:
         """Flush what is held back (unless the client left) and make the last chunk, whose
-        ``context`` is ``prompt``'s token ids plus the generated tokens. The caller puts it on the sink."""
+        ``context`` is ``prompt``'s token ids plus the generated tokens and ``stop`` the stop
+        sequence that ended the output, if one did. The caller puts it on the sink."""
         if reason is not DoneReason.CONNECTION_CLOSED:
             self.flush(final=True)
-        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=text_tokens(prompt) + self.generated)
+        stop = self.stopped_by.decode("utf-8") if self.stopped_by is not None and reason is DoneReason.STOP else None
+        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=text_tokens(prompt) + self.generated,
+                     stop=stop)
 
     def put(self, item: Chunk | BaseException) -> None:
         self.sink.put(item)

@@ -6,7 +6,8 @@
 ``thinking`` (``{"type": "enabled"}`` turns reasoning on; dropped, as Ollama does, for a model
 that cannot think), ``stop_sequences``, ``temperature``,
 ``top_p``, ``top_k``. The answer is a message whose content holds ``thinking``, ``text`` and
-``tool_use`` blocks; streamed, Anthropic's events (``message_start``, ``content_block_start``,
+``tool_use`` blocks, its ``stop_reason`` ``end_turn``, ``max_tokens``, ``tool_use`` or
+``stop_sequence`` (with the ``stop_sequence`` that matched); streamed, Anthropic's events (``message_start``, ``content_block_start``,
 ``content_block_delta`` with ``text_delta`` / ``thinking_delta`` / ``input_json_delta``,
 ``content_block_stop``, ``message_delta``, ``message_stop``). Errors have Anthropic's shape.
 """
@@ -149,10 +150,15 @@ def to_choice(raw: dict[str, Any] | None, names: set[str]) -> ToolChoice:
     raise InvalidRequest(f"invalid tool_choice {raw!r}")
 
 
-def stop_reason(chunk: Chunk, called: bool) -> str:
+def stop_reason(chunk: Chunk, called: bool, stops: list[str] | None) -> tuple[str, str | None]:
+    """(``stop_reason``, ``stop_sequence``) of an answer whose last chunk is ``chunk``: a stop
+    sequence is one of the request's ``stop_sequences`` (a model's own stop PARAMETER, like its
+    end-of-turn token, ends the turn)."""
     if called:
-        return "tool_use"
-    return "max_tokens" if chunk.done_reason is DoneReason.LENGTH else "end_turn"
+        return "tool_use", None
+    if chunk.stop is not None and chunk.stop in (stops or []):
+        return "stop_sequence", chunk.stop
+    return ("max_tokens" if chunk.done_reason is DoneReason.LENGTH else "end_turn"), None
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
@@ -183,9 +189,10 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
             options[name] = value
     ident = "msg_" + secrets.token_hex(12)
 
-    def envelope(content: list[dict[str, Any]], reason: str | None, input_tokens: int, output_tokens: int):
+    def envelope(content: list[dict[str, Any]], reason: tuple[str | None, str | None], input_tokens: int,
+                 output_tokens: int):
         return {"id": ident, "type": "message", "role": "assistant", "model": body.model, "content": content,
-                "stop_reason": reason, "stop_sequence": None,
+                "stop_reason": reason[0], "stop_sequence": reason[1],
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
 
     def tool_block(call: ToolCall) -> dict[str, Any]:
@@ -202,7 +209,7 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
             content.append({"type": "text", "text": reply.text})
         content.extend(tool_block(c) for c in reply.tool_calls)
         m = reply.final.metrics
-        yield dumps(envelope(content, stop_reason(reply.final, bool(reply.tool_calls)),
+        yield dumps(envelope(content, stop_reason(reply.final, bool(reply.tool_calls), body.stop_sequences),
                              m.prompt_tokens if m else 0, m.eval_count if m else 0))
 
     async def events() -> AsyncIterator[bytes]:
@@ -231,7 +238,7 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
             async for chunk in chunks:
                 if first:
                     first = False
-                    yield _event("message_start", {"type": "message_start", "message": envelope([], None, 0, 0)})
+                    yield _event("message_start", {"type": "message_start", "message": envelope([], (None, None), 0, 0)})
                 if chunk.thinking:
                     if open_kind != "thinking":
                         for e in start("thinking", {"type": "thinking", "thinking": ""}):
@@ -255,9 +262,9 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
                     for e in close():
                         yield e
                     m = chunk.metrics
+                    reason, sequence = stop_reason(chunk, called, body.stop_sequences)
                     yield _event("message_delta", {"type": "message_delta",
-                                                   "delta": {"stop_reason": stop_reason(chunk, called),
-                                                             "stop_sequence": None},
+                                                   "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                                    "usage": {"output_tokens": m.eval_count if m else 0}})
                     yield _event("message_stop", {"type": "message_stop"})
         except Exception as err:
