@@ -363,6 +363,12 @@ class Metrics:
 class Chunk:
     """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics.
 
+    ``metrics``: the last chunk's are the request's, complete. The first chunk a sequence delivers
+    (it has its slot by then) carries the prompt's counts as well, ``prompt_eval_count`` and
+    ``prompt_cached_count`` with everything else 0, so an API can say how big the prompt is before
+    the answer ends (Anthropic's ``message_start``); other chunks that are not done have None.
+    Whoever reports totals reads the done chunk's.
+
     ``stop``: on the last chunk, the stop sequence (one of ``Options.stop``, the request's or the
     model's PARAMETERs) whose appearance ended the output (``done_reason`` STOP; the text is cut
     before it); None when anything else ended it (an end-of-generation token, a length, a cancel).

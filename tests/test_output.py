@@ -140,3 +140,12 @@ def test_thinking_is_split_from_the_answer():
     chunks = drain(out)
     assert "".join(c.thinking for c in chunks) == "hmm"
     assert "".join(c.text for c in chunks) == "Yes"
+
+
+def test_the_first_chunk_carries_the_prompts_counts():
+    out = Output(stops=[], num_predict=0)
+    out.started(cached=5, evaluated=7)
+    feed(out, [b"x", b"y"])
+    first, second = drain(out)
+    assert (first.metrics.prompt_cached_count, first.metrics.prompt_eval_count, first.metrics.eval_count) == (5, 7, 0)
+    assert not first.done and second.metrics is None

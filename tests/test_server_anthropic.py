@@ -43,6 +43,27 @@ def _prompt(usage) -> int:
     return usage.input_tokens + (usage.cache_read_input_tokens or 0)
 
 
+def test_stream_reports_input_tokens_and_cache_reads(client):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    with client.messages.stream(model=SMOL, max_tokens=3, extra_body=GREEDY, system="Be brief.",
+                                messages=messages) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start")
+    delta = next(e for e in events if e.type == "message_delta")
+    # message_start already knows the prompt; message_delta has the final counts
+    assert start.message.usage.input_tokens > 10 and start.message.usage.output_tokens == 0
+    assert delta.usage.input_tokens == start.message.usage.input_tokens
+    assert delta.usage.output_tokens == 3 and delta.usage.cache_read_input_tokens is not None
+    whole = _prompt(final.usage)
+    assert final.usage.input_tokens > 10 and final.usage.output_tokens == 3
+    # the same conversation again: its prompt comes from the slot's cache, and is still counted whole
+    again = client.messages.create(model=SMOL, max_tokens=3, extra_body=GREEDY, system="Be brief.",
+                                   messages=messages)
+    assert again.usage.cache_read_input_tokens > 10 and _prompt(again.usage) == whole
+    assert again.usage.input_tokens < final.usage.input_tokens and again.usage.output_tokens == 3
+
+
 def test_thinking_is_dropped_for_a_model_that_cannot_think(server, client):
     # Claude-Code-style clients ask every model to think: Ollama's /v1/messages answers anyway
     out = client.messages.create(model=SMOL, max_tokens=3, extra_body=GREEDY,

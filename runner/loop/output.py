@@ -4,7 +4,8 @@ One :class:`Output` per sequence (reference §1.6). The batch loop hands it each
 with the token's bytes; it holds text back while it may still be the start of a stop sequence or
 of a UTF-8 character, cuts the text at a stop, counts towards ``num_predict``, splits the reply
 into thinking / content / tool calls (:mod:`runner.loop.replies`) and puts :class:`runner.api.Chunk` s
-on its ``sink``. Plain Python over bytes: testable without a model.
+on its ``sink`` (the first with the prompt's counts, the last with the metrics and the stop that
+ended it). Plain Python over bytes: testable without a model.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Output:
     pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     stopped_by: bytes | None = None  # the stop sequence that ended the output, once one has
+    announced: bool = False  # a chunk with the prompt's counts was sent (the first one)
     cached: int = 0  # prompt tokens found in the slot
     evaluated: int = 0  # prompt tokens evaluated
     t_start: int = 0
@@ -114,6 +116,9 @@ class Output:
             chunk.text, chunk.thinking, chunk.tool_calls = parts.content, parts.thinking, parts.tool_calls or None
         self.pending_pieces, self.pending_logprobs = [], []
         if chunk.text or chunk.thinking or chunk.tool_calls or chunk.logprobs or self.reply is None:
+            if not self.announced:  # the first chunk says how big the prompt is (runner.api.Chunk)
+                self.announced = True
+                chunk.metrics = Metrics(prompt_eval_count=self.evaluated, prompt_cached_count=self.cached)
             self.sink.put(chunk)
 
     def metrics(self) -> Metrics:

@@ -4,12 +4,15 @@
 ``tool_use``, ``tool_result``, ``thinking``), ``max_tokens`` (required), ``tools`` (``name``,
 ``description``, ``input_schema``), ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``),
 ``thinking`` (``{"type": "enabled"}`` turns reasoning on; dropped, as Ollama does, for a model
-that cannot think), ``stop_sequences``, ``temperature``,
-``top_p``, ``top_k``. The answer is a message whose content holds ``thinking``, ``text`` and
-``tool_use`` blocks, its ``stop_reason`` ``end_turn``, ``max_tokens``, ``tool_use`` or
-``stop_sequence`` (with the ``stop_sequence`` that matched); streamed, Anthropic's events (``message_start``, ``content_block_start``,
+that cannot think), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``. The answer is a
+message whose content holds ``thinking``, ``text`` and ``tool_use`` blocks, its ``stop_reason``
+``end_turn``, ``max_tokens``, ``tool_use`` or ``stop_sequence`` (with the ``stop_sequence`` that
+matched); streamed, Anthropic's events (``message_start``, ``content_block_start``,
 ``content_block_delta`` with ``text_delta`` / ``thinking_delta`` / ``input_json_delta``,
-``content_block_stop``, ``message_delta``, ``message_stop``). Errors have Anthropic's shape.
+``content_block_stop``, ``message_delta``, ``message_stop``). ``usage`` counts as Anthropic does:
+``input_tokens`` evaluated, ``cache_read_input_tokens`` reused from the slot's cache (together the
+whole prompt); streamed, ``message_start`` has them (the runner's first chunk does) and
+``message_delta`` the final counts. Errors have Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Request, ToolCall, ToolChoice
+from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Metrics, Request, ToolCall, ToolChoice
 from runner.images import image_from_base64
 
 from . import toolwire
@@ -161,6 +164,14 @@ def stop_reason(chunk: Chunk, called: bool, stops: list[str] | None) -> tuple[st
     return ("max_tokens" if chunk.done_reason is DoneReason.LENGTH else "end_turn"), None
 
 
+def usage(m: Metrics | None) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens evaluated, ``cache_read_input_tokens``
+    those reused from the slot's cache (together, the whole prompt, as Anthropic counts them)."""
+    return {"input_tokens": m.prompt_eval_count if m else 0, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": m.prompt_cached_count if m else 0,
+            "output_tokens": m.eval_count if m else 0}
+
+
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: ".encode() + dumps(data) + b"\n\n"
 
@@ -189,11 +200,9 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
             options[name] = value
     ident = "msg_" + secrets.token_hex(12)
 
-    def envelope(content: list[dict[str, Any]], reason: tuple[str | None, str | None], input_tokens: int,
-                 output_tokens: int):
+    def envelope(content: list[dict[str, Any]], reason: tuple[str | None, str | None], used: dict[str, int]):
         return {"id": ident, "type": "message", "role": "assistant", "model": body.model, "content": content,
-                "stop_reason": reason[0], "stop_sequence": reason[1],
-                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+                "stop_reason": reason[0], "stop_sequence": reason[1], "usage": used}
 
     def tool_block(call: ToolCall) -> dict[str, Any]:
         return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
@@ -208,9 +217,8 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         if reply.text or not reply.tool_calls:
             content.append({"type": "text", "text": reply.text})
         content.extend(tool_block(c) for c in reply.tool_calls)
-        m = reply.final.metrics
         yield dumps(envelope(content, stop_reason(reply.final, bool(reply.tool_calls), body.stop_sequences),
-                             m.prompt_tokens if m else 0, m.eval_count if m else 0))
+                             usage(reply.final.metrics)))
 
     async def events() -> AsyncIterator[bytes]:
         chunks = svc.stream(body.model, request, options, None, t0)
@@ -236,9 +244,12 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         try:
             first = True
             async for chunk in chunks:
-                if first:
+                if first:  # it carries the prompt's counts (runner.api.Chunk)
                     first = False
-                    yield _event("message_start", {"type": "message_start", "message": envelope([], (None, None), 0, 0)})
+                    started = usage(chunk.metrics)
+                    started["output_tokens"] = 0
+                    yield _event("message_start", {"type": "message_start",
+                                                   "message": envelope([], (None, None), started)})
                 if chunk.thinking:
                     if open_kind != "thinking":
                         for e in start("thinking", {"type": "thinking", "thinking": ""}):
@@ -261,11 +272,10 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
                 if chunk.done:
                     for e in close():
                         yield e
-                    m = chunk.metrics
                     reason, sequence = stop_reason(chunk, called, body.stop_sequences)
-                    yield _event("message_delta", {"type": "message_delta",
+                    yield _event("message_delta", {"type": "message_delta",  # the final counts
                                                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                                   "usage": {"output_tokens": m.eval_count if m else 0}})
+                                                   "usage": usage(chunk.metrics)})
                     yield _event("message_stop", {"type": "message_stop"})
         except Exception as err:
             if first:
