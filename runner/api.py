@@ -424,16 +424,21 @@ class Runner(Protocol):
     n_vocab: int
     memory_size: int  # bytes held besides the weights: KV cache and compute buffers
 
-    def generate(self, request: Request) -> Iterator[Chunk]:
-        """Stream the completion of ``request.prompt`` (templated unless ``raw``)."""
+    def stream(self, request: Request) -> Iterator[Chunk]:
+        """Stream the answer to ``request`` (prepared by ``runner.prepare.prepare``): a chat when
+        it has ``messages`` (rendered with its chat template), else a completion of its
+        ``prompt`` (templated unless ``raw``). Errors in the request raise here."""
 
-    def chat(self, request: Request) -> Iterator[Chunk]:
-        """Stream the assistant's answer to ``request.messages`` rendered with the chat template."""
+    def submit(self, request: Request, deliver: Callable[[Chunk | PollamaError], None]) -> None:
+        """Push form of ``stream`` (for an event loop): errors in the request raise here; then
+        the runner's thread calls ``deliver`` with each chunk, ending with a done chunk or an
+        error. ``deliver`` must return at once."""
 
-    def submit(self, request: Request, chat: bool, deliver: Callable[[Chunk | PollamaError], None]) -> None:
-        """Push form of ``generate``/``chat`` (for an event loop): errors in the request raise
-        here; then the runner's thread calls ``deliver`` with each chunk, ending with a done chunk
-        or an error. ``deliver`` must return at once."""
+    def count(self, request: Request) -> int:
+        """How many tokens (images' positions included) the prompt of ``request`` (prepared as for
+        ``stream``) is: what its metrics' ``prompt_tokens`` would be, the same renders, images and
+        truncation, without sampling or grammar. Raises what ``stream`` raises for the prompt
+        (InvalidRequest, PromptTooLong, Cancelled)."""
 
     def embed(self, texts: list[str], truncate: bool = True,
               cancel: threading.Event | None = None) -> Embedding:

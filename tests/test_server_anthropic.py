@@ -64,12 +64,42 @@ def test_stream_reports_input_tokens_and_cache_reads(client):
     assert again.usage.input_tokens < final.usage.input_tokens and again.usage.output_tokens == 3
 
 
+def test_count_tokens_counts_what_a_request_would(client):
+    kwargs = {"system": "You are terse.", "messages": [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello!"}]},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2+2?"}]}]}
+    counted = client.messages.count_tokens(model=SMOL, **kwargs)
+    reply = client.messages.create(model=SMOL, max_tokens=1, extra_body=GREEDY, **kwargs)
+    assert counted.input_tokens > 20 and counted.input_tokens == _prompt(reply.usage)
+    # tools are part of the prompt (Qwen2.5's template lists them)
+    tools = dict(kwargs, tools=[WEATHER])
+    with_tools = client.messages.count_tokens(model="smoltools", **tools)
+    reply = client.messages.create(model="smoltools", max_tokens=1, extra_body=GREEDY, **tools)
+    assert with_tools.input_tokens == _prompt(reply.usage)
+    assert with_tools.input_tokens > client.messages.count_tokens(model="smoltools", **kwargs).input_tokens
+
+
+def test_count_tokens_errors_have_anthropics_shape(server, client):
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="nosuchmodel", messages=[{"role": "user", "content": "hi"}])
+    r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=60, json={
+        "model": SMOL, "tools": [WEATHER], "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": f'"{SMOL}" does not support tools'}}
+    r = httpx.post(server.url + "/v1/messages/count_tokens", timeout=60, json={"model": SMOL, "messages": []})
+    assert r.status_code == 400 and r.json()["type"] == "error"
+
+
 def test_thinking_is_dropped_for_a_model_that_cannot_think(server, client):
     # Claude-Code-style clients ask every model to think: Ollama's /v1/messages answers anyway
     out = client.messages.create(model=SMOL, max_tokens=3, extra_body=GREEDY,
                                  thinking={"type": "enabled", "budget_tokens": 1024},
                                  messages=[{"role": "user", "content": "Hi"}])
     assert [b.type for b in out.content] == ["text"] and out.usage.output_tokens == 3
+    counted = client.messages.count_tokens(model=SMOL, thinking={"type": "enabled", "budget_tokens": 1024},
+                                           messages=[{"role": "user", "content": "Hi"}])
+    assert counted.input_tokens == _prompt(out.usage)
     # /api/chat's think stays a demand
     r = httpx.post(server.url + "/api/chat", timeout=60, json={
         "model": SMOL, "think": True, "messages": [{"role": "user", "content": "Hi"}]})

@@ -1,4 +1,5 @@
-"""Anthropic's Messages API: ``POST /v1/messages`` (what Claude-Code-style agents speak).
+"""Anthropic's Messages API: ``POST /v1/messages`` (what Claude-Code-style agents speak) and
+``POST /v1/messages/count_tokens``.
 
 ``system`` (a string or text blocks), ``messages`` whose content is a string or blocks (``text``,
 ``tool_use``, ``tool_result``, ``thinking``), ``max_tokens`` (required), ``tools`` (``name``,
@@ -12,7 +13,8 @@ matched); streamed, Anthropic's events (``message_start``, ``content_block_start
 ``content_block_stop``, ``message_delta``, ``message_stop``). ``usage`` counts as Anthropic does:
 ``input_tokens`` evaluated, ``cache_read_input_tokens`` reused from the slot's cache (together the
 whole prompt); streamed, ``message_start`` has them (the runner's first chunk does) and
-``message_delta`` the final counts. Errors have Anthropic's shape.
+``message_delta`` the final counts. ``count_tokens`` answers the size of the prompt the same
+request would render (``{"input_tokens": N}``, the whole prompt). Errors have Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -46,14 +48,19 @@ class AnthropicMessage(_Body):
     content: Union[str, list[dict[str, Any]]]
 
 
-class MessagesBody(_Body):
+class CountBody(_Body):
+    """What makes the prompt: the body of ``count_tokens``, and the start of a message request's."""
+
     model: str
-    max_tokens: int
     messages: list[AnthropicMessage]
     system: Union[str, list[dict[str, Any]], None] = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+
+
+class MessagesBody(CountBody):
+    max_tokens: int
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -176,13 +183,10 @@ def _event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: ".encode() + dumps(data) + b"\n\n"
 
 
-@router.post("/messages")
-async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Response:
-    t0 = now_ns()
+async def to_request(body: CountBody) -> Request:
+    """The runner's request for the prompt ``body`` describes (InvalidRequest when it is bad)."""
     if not body.model:
         raise InvalidRequest("model is required")
-    if body.max_tokens < 1:
-        raise InvalidRequest("max_tokens: must be at least 1")
     if not body.messages:
         raise InvalidRequest("messages: at least one message is required")
     tools = toolwire.parse_tools(to_tools(body.tools))
@@ -190,9 +194,29 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
     if body.thinking is not None:
         think = body.thinking.get("type") == "enabled"
     conversation = await asyncio.to_thread(to_messages, body)  # images are decoded to check them
-    request = Request(messages=conversation, tools=tools,
-                      tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think,
-                      relax_think=True)  # as Ollama: clients ask every model to think
+    return Request(messages=conversation, tools=tools,
+                   tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think,
+                   relax_think=True)  # as Ollama: clients ask every model to think
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(body: CountBody, svc: Service = Depends(service)) -> Response:
+    """``{"input_tokens": N}``: the whole prompt the same ``/v1/messages`` request would run
+    (system, tools, messages, images, as rendered and tokenized for the model; loads it)."""
+    request = await to_request(body)
+
+    async def single() -> AsyncIterator[bytes]:
+        yield dumps({"input_tokens": await svc.count(body.model, request, None, None)})
+
+    return RunnerResponse(single, JSON, on_close=request.cancel.set)
+
+
+@router.post("/messages")
+async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Response:
+    t0 = now_ns()
+    if body.max_tokens < 1:
+        raise InvalidRequest("max_tokens: must be at least 1")
+    request = await to_request(body)
     options: dict[str, Any] = {"num_predict": body.max_tokens}
     for name, value in (("temperature", body.temperature), ("top_p", body.top_p), ("top_k", body.top_k),
                         ("stop", body.stop_sequences)):
