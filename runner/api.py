@@ -311,6 +311,10 @@ class Request:
     # the model's reasoning: None (the model's default: on for models that think), True/False,
     # or an effort "high"|"medium"|"low"
     think: bool | str | None = None
+    # True: ``think`` is a wish, not a demand: for a model without reasoning it is dropped (the
+    # model's default) instead of refused. Anthropic's /v1/messages, as Ollama's: Claude-Code-style
+    # clients ask every model to think. False (/api/chat, /api/generate, OpenAI's): a 400.
+    relax_think: bool = False
     options: Options = field(default_factory=Options)
     truncate: bool = True
     shift: bool = True
@@ -357,7 +361,18 @@ class Metrics:
 
 @dataclass
 class Chunk:
-    """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics."""
+    """A piece of streamed output; the last one has ``done`` set, a ``done_reason`` and metrics.
+
+    ``metrics``: the last chunk's are the request's, complete. The first chunk a sequence delivers
+    (it has its slot by then) carries the prompt's counts as well, ``prompt_eval_count`` and
+    ``prompt_cached_count`` with everything else 0, so an API can say how big the prompt is before
+    the answer ends (Anthropic's ``message_start``); other chunks that are not done have None.
+    Whoever reports totals reads the done chunk's.
+
+    ``stop``: on the last chunk, the stop sequence (one of ``Options.stop``, the request's or the
+    model's PARAMETERs) whose appearance ended the output (``done_reason`` STOP; the text is cut
+    before it); None when anything else ended it (an end-of-generation token, a length, a cancel).
+    """
 
     text: str = ""
     thinking: str = ""  # reasoning, separated from the answer when the request thinks
@@ -367,6 +382,7 @@ class Chunk:
     metrics: Metrics | None = None
     logprobs: list[TokenLogprob] | None = None
     context: list[int] | None = None  # generate only: prompt + response tokens
+    stop: str | None = None  # the last chunk: the stop sequence that ended the output, if one did
 
 
 @dataclass
@@ -408,16 +424,21 @@ class Runner(Protocol):
     n_vocab: int
     memory_size: int  # bytes held besides the weights: KV cache and compute buffers
 
-    def generate(self, request: Request) -> Iterator[Chunk]:
-        """Stream the completion of ``request.prompt`` (templated unless ``raw``)."""
+    def stream(self, request: Request) -> Iterator[Chunk]:
+        """Stream the answer to ``request`` (prepared by ``runner.prepare.prepare``): a chat when
+        it has ``messages`` (rendered with its chat template), else a completion of its
+        ``prompt`` (templated unless ``raw``). Errors in the request raise here."""
 
-    def chat(self, request: Request) -> Iterator[Chunk]:
-        """Stream the assistant's answer to ``request.messages`` rendered with the chat template."""
+    def submit(self, request: Request, deliver: Callable[[Chunk | PollamaError], None]) -> None:
+        """Push form of ``stream`` (for an event loop): errors in the request raise here; then
+        the runner's thread calls ``deliver`` with each chunk, ending with a done chunk or an
+        error. ``deliver`` must return at once."""
 
-    def submit(self, request: Request, chat: bool, deliver: Callable[[Chunk | PollamaError], None]) -> None:
-        """Push form of ``generate``/``chat`` (for an event loop): errors in the request raise
-        here; then the runner's thread calls ``deliver`` with each chunk, ending with a done chunk
-        or an error. ``deliver`` must return at once."""
+    def count(self, request: Request) -> int:
+        """How many tokens (images' positions included) the prompt of ``request`` (prepared as for
+        ``stream``) is: what its metrics' ``prompt_tokens`` would be, the same renders, images and
+        truncation, without sampling or grammar. Raises what ``stream`` raises for the prompt
+        (InvalidRequest, PromptTooLong, Cancelled)."""
 
     def embed(self, texts: list[str | list[int]], truncate: bool = True,
               cancel: threading.Event | None = None) -> Embedding:

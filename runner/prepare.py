@@ -22,7 +22,7 @@ import math
 from typing import Any, Mapping
 
 from . import store
-from .api import Cancelled, InvalidRequest, NoVision, Options, PollamaError, Request
+from .api import InvalidRequest, NoVision, Options, PollamaError, Request
 from .images import has_images
 from .loading.plan import MAX_CTX
 from .loading.resolve import ResolvedModel
@@ -94,7 +94,8 @@ def prepare(model: ResolvedModel, request: Request, values: Mapping[str, Any] | 
             budget: _prompt.RenderBudget | None = None) -> Request:
     """``request`` made ready for a runner of ``model`` (in place, and returned): its options
     from ``values`` (:func:`options`), the model's SYSTEM and MESSAGEs, its template, its think
-    level; refused (InvalidRequest, one line) when it asks for what the model cannot do.
+    level; refused (InvalidRequest, one line) when it asks for what the model cannot do (but a
+    ``think`` the model cannot do is dropped when the request has ``relax_think``).
 
     Probing a template not seen before renders it: call this off an event loop; the probes draw
     on ``budget`` (the request's render budget, shared with its prompt) when given."""
@@ -118,18 +119,17 @@ def prepare(model: ResolvedModel, request: Request, values: Mapping[str, Any] | 
 
 def _check_features(name: str, request: Request, budget: _prompt.RenderBudget | None) -> None:
     """Refuse what the template cannot do, with Ollama's messages: tools it does not render,
-    reasoning it does not have (``think`` asked for; unset is fine), and a template whose
-    feature probes alone ran out of the render budget."""
+    reasoning it does not have (``think`` asked for; unset is fine; with ``relax_think`` it is
+    dropped instead), and a template whose feature probes alone ran out of the render budget."""
     assert request.chat_template is not None
-    try:
-        with _prompt.sharing(budget) if budget is not None else contextlib.nullcontext():
-            found = templatefeatures.features(request.chat_template)
-    except Cancelled:
-        log.info("template rendering cancelled: the request was cancelled")
-        raise
+    with _prompt.sharing(budget) if budget is not None else contextlib.nullcontext():
+        found = templatefeatures.features(request.chat_template)  # Cancelled when its client leaves
     if found.over_budget:
         raise _prompt.BudgetExceeded(found.over_budget)
     if request.tools and found.tools is None:
         raise InvalidRequest(f'"{name}" does not support tools')
     if found.thinking is None and think_on(request.think, False):
-        raise InvalidRequest(f'"{name}" does not support thinking')
+        if not request.relax_think:
+            raise InvalidRequest(f'"{name}" does not support thinking')
+        log.warning('"%s" does not support thinking: answering without it', name)
+        request.think = None

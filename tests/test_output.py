@@ -78,6 +78,14 @@ def test_a_stop_inside_one_token_keeps_that_token_out_of_the_slot():
     assert out.generated == [100]
 
 
+def test_the_last_chunk_names_the_stop_sequence_that_ended_the_output():
+    out = Output(stops=[b"zz", "é!".encode()], num_predict=0)
+    verdict = feed(out, [b"ok", "é".encode(), b"!"])
+    assert verdict.done is DoneReason.STOP and out.final(verdict.done, []).stop == "é!"
+    out = Output(stops=[b"zz"], num_predict=0)  # an end-of-generation token: no stop sequence
+    assert out.final(feed(out, [b"a", b""], eog_at=1).done, []).stop is None
+
+
 def test_a_held_prefix_that_turns_out_not_to_be_a_stop_is_sent():
     out = Output(stops=[b"STOP"], num_predict=0)
     feed(out, [b"ST", b"ay"])
@@ -132,3 +140,12 @@ def test_thinking_is_split_from_the_answer():
     chunks = drain(out)
     assert "".join(c.thinking for c in chunks) == "hmm"
     assert "".join(c.text for c in chunks) == "Yes"
+
+
+def test_the_first_chunk_carries_the_prompts_counts():
+    out = Output(stops=[], num_predict=0)
+    out.started(cached=5, evaluated=7)
+    feed(out, [b"x", b"y"])
+    first, second = drain(out)
+    assert (first.metrics.prompt_cached_count, first.metrics.prompt_eval_count, first.metrics.eval_count) == (5, 7, 0)
+    assert not first.done and second.metrics is None

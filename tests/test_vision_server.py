@@ -130,6 +130,16 @@ def test_anthropic_image_blocks(server):
 
     r = post({"type": "base64", "media_type": "image/png", "data": b64(png(4))})
     assert r.status_code == 200 and r.json()["type"] == "message"
+    # count_tokens counts the image's positions as the request did
+    used = r.json()["usage"]
+    counted = httpx.post(server.url + "/v1/messages/count_tokens", timeout=120, json={
+        "model": "vis", "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(png(4))}},
+            {"type": "text", "text": "What is this?"}]}]})
+    text_only = httpx.post(server.url + "/v1/messages/count_tokens", timeout=120, json={
+        "model": "vis", "messages": [{"role": "user", "content": "What is this?"}]}).json()["input_tokens"]
+    assert counted.status_code == 200
+    assert counted.json()["input_tokens"] == used["input_tokens"] + used["cache_read_input_tokens"] > text_only
     r = post({"type": "base64", "media_type": "image/png", "data": "@@@"})
     assert r.status_code == 400 and r.json()["type"] == "error"
     assert "not valid base64" in r.json()["error"]["message"]

@@ -4,7 +4,8 @@ One :class:`Output` per sequence (reference §1.6). The batch loop hands it each
 with the token's bytes; it holds text back while it may still be the start of a stop sequence or
 of a UTF-8 character, cuts the text at a stop, counts towards ``num_predict``, splits the reply
 into thinking / content / tool calls (:mod:`runner.loop.replies`) and puts :class:`runner.api.Chunk` s
-on its ``sink``. Plain Python over bytes: testable without a model.
+on its ``sink`` (the first with the prompt's counts, the last with the metrics and the stop that
+ended it). Plain Python over bytes: testable without a model.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Output:
     num_predicted: int = 0
     pending_pieces: list[bytes] = field(default_factory=list)  # held back (stop prefix, UTF-8)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    stopped_by: bytes | None = None  # the stop sequence that ended the output, once one has
+    announced: bool = False  # a chunk with the prompt's counts was sent (the first one)
     cached: int = 0  # prompt tokens found in the slot
     evaluated: int = 0  # prompt tokens evaluated
     t_start: int = 0
@@ -80,6 +83,7 @@ class Output:
         stops = self.stops
         stop = find_stop(joined, stops) if stops else None
         if stop is not None:
+            self.stopped_by = stop
             return Verdict(DoneReason.STOP, self._cut_at_stop(stop))
         if self.num_predict > 0 and self.num_predicted >= self.num_predict:
             return Verdict(DoneReason.LENGTH)
@@ -112,6 +116,9 @@ class Output:
             chunk.text, chunk.thinking, chunk.tool_calls = parts.content, parts.thinking, parts.tool_calls or None
         self.pending_pieces, self.pending_logprobs = [], []
         if chunk.text or chunk.thinking or chunk.tool_calls or chunk.logprobs or self.reply is None:
+            if not self.announced:  # the first chunk says how big the prompt is (runner.api.Chunk)
+                self.announced = True
+                chunk.metrics = Metrics(prompt_eval_count=self.evaluated, prompt_cached_count=self.cached)
             self.sink.put(chunk)
 
     def metrics(self) -> Metrics:
@@ -127,10 +134,13 @@ class Output:
 
     def final(self, reason: DoneReason, prompt: list[Input]) -> Chunk:
         """Flush what is held back (unless the client left) and make the last chunk, whose
-        ``context`` is ``prompt``'s token ids plus the generated tokens. The caller puts it on the sink."""
+        ``context`` is ``prompt``'s token ids plus the generated tokens and ``stop`` the stop
+        sequence that ended the output, if one did. The caller puts it on the sink."""
         if reason is not DoneReason.CONNECTION_CLOSED:
             self.flush(final=True)
-        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=text_tokens(prompt) + self.generated)
+        stop = self.stopped_by.decode("utf-8") if self.stopped_by is not None and reason is DoneReason.STOP else None
+        return Chunk(done=True, done_reason=reason, metrics=self.metrics(), context=text_tokens(prompt) + self.generated,
+                     stop=stop)
 
     def put(self, item: Chunk | BaseException) -> None:
         self.sink.put(item)

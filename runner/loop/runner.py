@@ -157,6 +157,12 @@ class BatchRunner:
         seq.output.sink = _Push(deliver)
         self._enqueue(seq)
 
+    def count(self, request: Request) -> int:
+        """The size in inputs of the prompt :meth:`submit` would run for ``request``, on the
+        caller's thread; the loop is not involved."""
+        self._check_open()
+        return self.prompter.count(request)
+
     def _sequence(self, request: Request) -> Sequence:
         self._check_open()
         return self.prompter.sequence(request)

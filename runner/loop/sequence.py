@@ -117,9 +117,18 @@ class Prompter:
         when it shares one already. Raises InvalidRequest / PromptTooLong / Cancelled
         (rendering was cancelled)."""
         with _prompt.sharing(_prompt.RenderBudget(cancel=request.cancel)):
-            return self._sequence_of(request)
+            return self._sequence(*self._prompt_of(request), request)
 
-    def _sequence_of(self, request: Request) -> Sequence:
+    def count(self, request: Request) -> int:
+        """How many inputs the prompt of ``request`` is, as :meth:`sequence` would make it (the
+        same renders, images and truncation; no grammar, no output); raises what it raises."""
+        with _prompt.sharing(_prompt.RenderBudget(cancel=request.cancel)):
+            tokens, _, _ = self._prompt_of(request)
+            return len(self._truncated(tokens, request)[0])
+
+    def _prompt_of(self, request: Request) -> tuple[list[Input], str, ChatTemplate | None]:
+        """The prompt's inputs before truncation, its text, and the template it was rendered
+        with (None: sent raw)."""
         chosen = request.chat_template or self.template
         chat = request.messages is not None
         if _images.has_images(request.messages, request.images) and not self.engine.info.vision:
@@ -130,7 +139,7 @@ class Prompter:
                 messages.insert(0, Message("system", request.system))
             messages, images = _images.tag_messages(messages)
             text, tokens = self.chat_prompt(messages, chosen, request.truncate, request.cancel, request, images)
-            return self._sequence(tokens, request, text, chosen)
+            return tokens, text, chosen
         images = list(request.images)
         if request.raw:
             text = _images.tag_prompt(request.prompt, images) if images else request.prompt
@@ -142,10 +151,10 @@ class Prompter:
             messages, images = _images.tag_messages(messages)
             text, tokens = self.chat_prompt(messages, chosen, False, request.cancel, request, images)
             if not request.context:
-                return self._sequence(tokens, request, text, chosen)
+                return tokens, text, chosen
         if request.context:
             text = self.detokenize(list(request.context), "context") + text
-        return self._sequence(self._tokenizer(images)(text), request, text, None if request.raw else chosen)
+        return self._tokenizer(images)(text), text, None if request.raw else chosen
 
     def embed_inputs(self, texts: list[str | list[int]], truncate: bool) -> list[list[int]]:
         """The tokens of each input of an embedding request (a text's, or the token ids given,
@@ -170,11 +179,9 @@ class Prompter:
             inputs.append(tokens)
         return inputs
 
-    def _sequence(self, tokens: list[Input], request: Request, text: str = "",
-                  template: ChatTemplate | None = None) -> Sequence:
+    def _sequence(self, tokens: list[Input], text: str, template: ChatTemplate | None, request: Request) -> Sequence:
         if not tokens:
             raise InvalidRequest("no input provided")
-        num_ctx = self.num_ctx
         grammar = format_grammar(request.format, self.grammars, request.cancel)
         reply = None
         if template is not None:
@@ -185,10 +192,27 @@ class Prompter:
                 if request.tool_choice.forced or grammar is None:
                     grammar = tool_call_grammar(found.tools, request.tools, request.tool_choice,
                                                 request.parallel_tool_calls, self.grammars, request.cancel)
+        tokens, num_keep = self._truncated(tokens, request)
+        num_ctx = self.num_ctx
         opts = request.options
         if opts.repeat_last_n > num_ctx:  # no penalty window reaches past the context
             request.options = opts = dataclasses.replace(opts, repeat_last_n=num_ctx)
-        num_keep = opts.num_keep
+        num_predict = opts.num_predict
+        if num_predict < 0 or num_predict > 10 * num_ctx:
+            num_predict = 10 * num_ctx
+        stops = [s.encode("utf-8") for s in opts.stop if s]
+        output = Output(stops, num_predict, reply=reply,
+                        top_logprobs=request.top_logprobs if request.logprobs else None)
+        return Sequence(request, tokens, num_keep, output, grammar=grammar)
+
+    def _truncated(self, tokens: list[Input], request: Request) -> tuple[list[Input], int]:
+        """The prompt cut to the context (``num_keep`` inputs kept at its start, the oldest after
+        them dropped; images whole) and its ``num_keep``; PromptTooLong when it does not fit and
+        truncation is off."""
+        if not tokens:
+            raise InvalidRequest("no input provided")
+        num_ctx = self.num_ctx
+        num_keep = request.options.num_keep
         if num_keep < 0:
             num_keep = len(tokens)
         num_keep = max(0, min(num_keep, num_ctx - 1))
@@ -201,11 +225,5 @@ class Prompter:
             discard = image_end(tokens, num_keep + len(tokens) - num_ctx) - num_keep
             log.warning("truncating input prompt: limit %d, prompt %d, keep %d", num_ctx, len(tokens), num_keep)
             tokens = tokens[:num_keep] + tokens[num_keep + discard :]
-        num_predict = opts.num_predict
-        if num_predict < 0 or num_predict > 10 * num_ctx:
-            num_predict = 10 * num_ctx
-        stops = [s.encode("utf-8") for s in opts.stop if s]
-        output = Output(stops, num_predict, reply=reply,
-                        top_logprobs=request.top_logprobs if request.logprobs else None)
-        return Sequence(request, tokens, num_keep, output, grammar=grammar)
+        return tokens, num_keep
 

@@ -1,13 +1,20 @@
-"""Anthropic's Messages API: ``POST /v1/messages`` (what Claude-Code-style agents speak).
+"""Anthropic's Messages API: ``POST /v1/messages`` (what Claude-Code-style agents speak) and
+``POST /v1/messages/count_tokens``.
 
 ``system`` (a string or text blocks), ``messages`` whose content is a string or blocks (``text``,
 ``tool_use``, ``tool_result``, ``thinking``), ``max_tokens`` (required), ``tools`` (``name``,
 ``description``, ``input_schema``), ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``),
-``thinking`` (``{"type": "enabled"}`` turns reasoning on), ``stop_sequences``, ``temperature``,
-``top_p``, ``top_k``. The answer is a message whose content holds ``thinking``, ``text`` and
-``tool_use`` blocks; streamed, Anthropic's events (``message_start``, ``content_block_start``,
+``thinking`` (``{"type": "enabled"}`` turns reasoning on; dropped, as Ollama does, for a model
+that cannot think), ``stop_sequences``, ``temperature``, ``top_p``, ``top_k``. The answer is a
+message whose content holds ``thinking``, ``text`` and ``tool_use`` blocks, its ``stop_reason``
+``end_turn``, ``max_tokens``, ``tool_use`` or ``stop_sequence`` (with the ``stop_sequence`` that
+matched); streamed, Anthropic's events (``message_start``, ``content_block_start``,
 ``content_block_delta`` with ``text_delta`` / ``thinking_delta`` / ``input_json_delta``,
-``content_block_stop``, ``message_delta``, ``message_stop``). Errors have Anthropic's shape.
+``content_block_stop``, ``message_delta``, ``message_stop``). ``usage`` counts as Anthropic does:
+``input_tokens`` evaluated, ``cache_read_input_tokens`` reused from the slot's cache (together the
+whole prompt); streamed, ``message_start`` has them (the runner's first chunk does) and
+``message_delta`` the final counts. ``count_tokens`` answers the size of the prompt the same
+request would render (``{"input_tokens": N}``, the whole prompt). Errors have Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict
 
-from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Request, ToolCall, ToolChoice
+from runner.api import Chunk, DoneReason, Image, InvalidRequest, Message, Metrics, Request, ToolCall, ToolChoice
 from runner.images import image_from_base64
 
 from . import toolwire
@@ -41,14 +48,19 @@ class AnthropicMessage(_Body):
     content: Union[str, list[dict[str, Any]]]
 
 
-class MessagesBody(_Body):
+class CountBody(_Body):
+    """What makes the prompt: the body of ``count_tokens``, and the start of a message request's."""
+
     model: str
-    max_tokens: int
     messages: list[AnthropicMessage]
     system: Union[str, list[dict[str, Any]], None] = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+
+
+class MessagesBody(CountBody):
+    max_tokens: int
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -148,23 +160,33 @@ def to_choice(raw: dict[str, Any] | None, names: set[str]) -> ToolChoice:
     raise InvalidRequest(f"invalid tool_choice {raw!r}")
 
 
-def stop_reason(chunk: Chunk, called: bool) -> str:
+def stop_reason(chunk: Chunk, called: bool, stops: list[str] | None) -> tuple[str, str | None]:
+    """(``stop_reason``, ``stop_sequence``) of an answer whose last chunk is ``chunk``: a stop
+    sequence is one of the request's ``stop_sequences`` (a model's own stop PARAMETER, like its
+    end-of-turn token, ends the turn)."""
     if called:
-        return "tool_use"
-    return "max_tokens" if chunk.done_reason is DoneReason.LENGTH else "end_turn"
+        return "tool_use", None
+    if chunk.stop is not None and chunk.stop in (stops or []):
+        return "stop_sequence", chunk.stop
+    return ("max_tokens" if chunk.done_reason is DoneReason.LENGTH else "end_turn"), None
+
+
+def usage(m: Metrics | None) -> dict[str, int]:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens evaluated, ``cache_read_input_tokens``
+    those reused from the slot's cache (together, the whole prompt, as Anthropic counts them)."""
+    return {"input_tokens": m.prompt_eval_count if m else 0, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": m.prompt_cached_count if m else 0,
+            "output_tokens": m.eval_count if m else 0}
 
 
 def _event(name: str, data: dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: ".encode() + dumps(data) + b"\n\n"
 
 
-@router.post("/messages")
-async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Response:
-    t0 = now_ns()
+async def to_request(body: CountBody) -> Request:
+    """The runner's request for the prompt ``body`` describes (InvalidRequest when it is bad)."""
     if not body.model:
         raise InvalidRequest("model is required")
-    if body.max_tokens < 1:
-        raise InvalidRequest("max_tokens: must be at least 1")
     if not body.messages:
         raise InvalidRequest("messages: at least one message is required")
     tools = toolwire.parse_tools(to_tools(body.tools))
@@ -172,8 +194,29 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
     if body.thinking is not None:
         think = body.thinking.get("type") == "enabled"
     conversation = await asyncio.to_thread(to_messages, body)  # images are decoded to check them
-    request = Request(messages=conversation, tools=tools,
-                      tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think)
+    return Request(messages=conversation, tools=tools,
+                   tool_choice=to_choice(body.tool_choice, {t.name for t in tools}), think=think,
+                   relax_think=True)  # as Ollama: clients ask every model to think
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(body: CountBody, svc: Service = Depends(service)) -> Response:
+    """``{"input_tokens": N}``: the whole prompt the same ``/v1/messages`` request would run
+    (system, tools, messages, images, as rendered and tokenized for the model; loads it)."""
+    request = await to_request(body)
+
+    async def single() -> AsyncIterator[bytes]:
+        yield dumps({"input_tokens": await svc.count(body.model, request, None, None)})
+
+    return RunnerResponse(single, JSON, on_close=request.cancel.set)
+
+
+@router.post("/messages")
+async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Response:
+    t0 = now_ns()
+    if body.max_tokens < 1:
+        raise InvalidRequest("max_tokens: must be at least 1")
+    request = await to_request(body)
     options: dict[str, Any] = {"num_predict": body.max_tokens}
     for name, value in (("temperature", body.temperature), ("top_p", body.top_p), ("top_k", body.top_k),
                         ("stop", body.stop_sequences)):
@@ -181,10 +224,9 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
             options[name] = value
     ident = "msg_" + secrets.token_hex(12)
 
-    def envelope(content: list[dict[str, Any]], reason: str | None, input_tokens: int, output_tokens: int):
+    def envelope(content: list[dict[str, Any]], reason: tuple[str | None, str | None], used: dict[str, int]):
         return {"id": ident, "type": "message", "role": "assistant", "model": body.model, "content": content,
-                "stop_reason": reason, "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+                "stop_reason": reason[0], "stop_sequence": reason[1], "usage": used}
 
     def tool_block(call: ToolCall) -> dict[str, Any]:
         return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
@@ -199,9 +241,8 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         if reply.text or not reply.tool_calls:
             content.append({"type": "text", "text": reply.text})
         content.extend(tool_block(c) for c in reply.tool_calls)
-        m = reply.final.metrics
-        yield dumps(envelope(content, stop_reason(reply.final, bool(reply.tool_calls)),
-                             m.prompt_tokens if m else 0, m.eval_count if m else 0))
+        yield dumps(envelope(content, stop_reason(reply.final, bool(reply.tool_calls), body.stop_sequences),
+                             usage(reply.final.metrics)))
 
     async def events() -> AsyncIterator[bytes]:
         chunks = svc.stream(body.model, request, options, None, t0)
@@ -227,9 +268,12 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
         try:
             first = True
             async for chunk in chunks:
-                if first:
+                if first:  # it carries the prompt's counts (runner.api.Chunk)
                     first = False
-                    yield _event("message_start", {"type": "message_start", "message": envelope([], None, 0, 0)})
+                    started = usage(chunk.metrics)
+                    started["output_tokens"] = 0
+                    yield _event("message_start", {"type": "message_start",
+                                                   "message": envelope([], (None, None), started)})
                 if chunk.thinking:
                     if open_kind != "thinking":
                         for e in start("thinking", {"type": "thinking", "thinking": ""}):
@@ -252,11 +296,10 @@ async def messages(body: MessagesBody, svc: Service = Depends(service)) -> Respo
                 if chunk.done:
                     for e in close():
                         yield e
-                    m = chunk.metrics
-                    yield _event("message_delta", {"type": "message_delta",
-                                                   "delta": {"stop_reason": stop_reason(chunk, called),
-                                                             "stop_sequence": None},
-                                                   "usage": {"output_tokens": m.eval_count if m else 0}})
+                    reason, sequence = stop_reason(chunk, called, body.stop_sequences)
+                    yield _event("message_delta", {"type": "message_delta",  # the final counts
+                                                   "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                                   "usage": usage(chunk.metrics)})
                     yield _event("message_stop", {"type": "message_stop"})
         except Exception as err:
             if first:

@@ -101,8 +101,7 @@ class Service:
         from the iterator."""
         resolved = self.model(name)
         budget = prompt.RenderBudget(cancel=request.cancel)  # one for the probes and the prompt
-        # choosing and probing a template parses and renders it: never on the event loop
-        await in_thread(prepare.prepare, resolved, request, raw_options, budget)
+        await _prepared(resolved, request, raw_options, budget)
         model = await self.scheduler.acquire(resolved, request.options, keep_alive)
         load_duration = now_ns() - t0  # Ollama's: from the request's start until it has its runner
         job = None
@@ -110,18 +109,7 @@ class Service:
             runner = model.runner
 
             def begin(deliver: Callable[[Any], None]) -> None:
-                try:
-                    with prompt.sharing(budget):  # the prompt's renders get what the probes left
-                        runner.submit(request, deliver)
-                except Cancelled:  # the client left (or the server stops) while its prompt rendered
-                    log.info("template rendering cancelled: the request was cancelled")
-                    raise
-                except PollamaError:
-                    raise
-                except Exception as err:
-                    if request.template:  # a user's template failing at render time is their error
-                        raise InvalidRequest(f"template error: {err}") from None
-                    raise
+                _rendering(request, budget, lambda: runner.submit(request, deliver))
 
             job = self.scheduler.start(begin, request.cancel)
             async for chunk in job.chunks():
@@ -142,6 +130,20 @@ class Service:
                 self.scheduler.finish(job)
             self.scheduler.release(model)
 
+    async def count(self, name: str, request: Request, raw_options: Mapping[str, Any] | None,
+                    keep_alive: float | None) -> int:
+        """The size in tokens of the prompt :meth:`stream` would run for ``request``
+        (``Runner.count``): resolved, prepared and given a runner the same way (loading the
+        model if need be), nothing generated. Errors raise as :meth:`stream`'s do."""
+        resolved = self.model(name)
+        budget = prompt.RenderBudget(cancel=request.cancel)
+        await _prepared(resolved, request, raw_options, budget)
+        model = await self.scheduler.acquire(resolved, request.options, keep_alive)
+        runner = model.runner
+        work = in_thread(_rendering, request, budget, lambda: runner.count(request))
+        work.add_done_callback(lambda done: self._let_go(model, done))
+        return await asyncio.shield(work)  # released when the call ends, also if this task is cancelled
+
     async def embed(self, name: str, texts: list[str | list[int]], truncate: bool,
                     raw_options: Mapping[str, Any] | None, keep_alive: float | None,
                     t0: int) -> tuple[list[list[float]], int, int]:
@@ -159,7 +161,7 @@ class Service:
             return [], 0, load_ns
         with self.scheduler.cancellable(threading.Event()) as cancel:
             work = in_thread(model.runner.embed, texts, truncate, cancel)
-            work.add_done_callback(lambda done: self._embedded(model, done))
+            work.add_done_callback(lambda done: self._let_go(model, done))
             gone = asyncio.ensure_future(client_gone())
             try:
                 await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -178,12 +180,45 @@ class Service:
             raise
         return result.vectors, result.prompt_eval_count, load_ns
 
-    def _embedded(self, model: LoadedModel, work: asyncio.Future) -> None:
-        """The runner let go of an embedding: the model is free (its error, if nobody awaited
-        it any more, is retrieved here)."""
+    def _let_go(self, model: LoadedModel, work: asyncio.Future) -> None:
+        """A blocking runner call (an embedding, a count) let go of ``model``: it is free (the
+        call's error, if nobody awaited it any more, is retrieved here)."""
         if not work.cancelled():
             work.exception()
         self.scheduler.release(model)
+
+
+async def _prepared(model: ResolvedModel, request: Request, raw_options: Mapping[str, Any] | None,
+                    budget: prompt.RenderBudget) -> None:
+    """``runner.prepare.prepare`` off the event loop: choosing and probing a template parses and
+    renders it, within ``budget``, which the request's prompt shares afterwards."""
+
+    def run() -> None:  # logs in its thread: the awaiting task is gone when its client left
+        try:
+            prepare.prepare(model, request, raw_options, budget)
+        except Cancelled:
+            log.info("template rendering cancelled: the request was cancelled")
+            raise
+
+    await in_thread(run)
+
+
+def _rendering(request: Request, budget: prompt.RenderBudget, call: Callable[[], Any]) -> Any:
+    """``call()``, a runner call that renders ``request``'s prompt (submit, count), within
+    ``budget`` (what the template probes left of it). A user's template that fails at render time
+    is their error (InvalidRequest)."""
+    try:
+        with prompt.sharing(budget):
+            return call()
+    except Cancelled:  # the client left (or the server stops) while its prompt rendered
+        log.info("template rendering cancelled: the request was cancelled")
+        raise
+    except PollamaError:
+        raise
+    except Exception as err:
+        if request.template:
+            raise InvalidRequest(f"template error: {err}") from None
+        raise
 
 
 @dataclass
