@@ -6,34 +6,16 @@ point, the official ``openai`` client where what a client reads is."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from conftest import SMOLLM2
-from ggufcopy import with_chat_template
-from serverproc import ServerProcess
-from test_server_tools import PROMPTS, TOOLS, _gguf_blob, _install
+from test_server_responses import server  # noqa: F401  (the same models: smoltools, smolr1)
+from test_server_tools import PROMPTS, TOOLS
 
-TEMPLATES = Path(__file__).parent / "data" / "templates"
 SMOL = "smollm2:135m"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    models = tmp_path_factory.mktemp("models")
-    copy = with_chat_template(SMOLLM2, tmp_path_factory.mktemp("gguf") / "smol-qwen.gguf",
-                              (TEMPLATES / "qwen2.5.jinja").read_text())
-    _install(models, "smoltools", _gguf_blob(models, copy))
-    plain = _gguf_blob(models, shutil.copy(SMOLLM2, tmp_path_factory.mktemp("g2") / "smol.gguf"))
-    _install(models, "smolr1", plain, (TEMPLATES / "deepseek-r1-distill-qwen.jinja").read_text())
-    proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048"}, models_dir=str(models)).start()
-    yield proc
-    assert proc.stop() == 0, proc.last_log
-    assert "Traceback" not in proc.last_log, proc.last_log
 
 
 @pytest.fixture(scope="module")
