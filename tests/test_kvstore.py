@@ -176,3 +176,17 @@ def test_config_cache_ram():
     assert config.load({"OLLAMA_CACHE_RAM": "0"}).cache_ram == 0
     assert config.load({"OLLAMA_CACHE_RAM": "64"}).cache_ram_bytes == 64 << 20
     assert config.load({"OLLAMA_CACHE_RAM": "lots"}).cache_ram == config.DEFAULT_CACHE_RAM
+
+
+def test_new_engine_says_unsupported():
+    from runner.engines.ggml.kv import CacheKv
+
+    class FakeCache:
+        removed: list = []
+
+        def remove(self, seq, begin, end):
+            self.removed.append((seq, begin, end))
+
+    kv = CacheKv(FakeCache())
+    assert kv.export_seq(0) is None
+    assert not kv.import_seq(1, b"state") and kv.cache.removed == [(1, 0, None)]  # the slot is left empty

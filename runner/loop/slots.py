@@ -6,8 +6,9 @@ A slot is one KV sequence with the inputs it holds: token ids, and for an image,
 so a prompt that repeats an image matches the cached positions like repeated tokens do. An image is
 never cut: a cached prefix that ends inside an image is cut back to the image's start, and a context
 shift drops whole images. The policy is plain Python over plain data;
-the engine supplies :class:`KvOps`, the four KV-memory operations it needs (llama.cpp's
-``llama_memory_seq_*`` for the old engine, our ``kvcache`` for the new one).
+the engine supplies :class:`KvOps`, the KV-memory operations it needs (llama.cpp's
+``llama_memory_seq_*`` for the old engine, our ``kvcache`` for the new one), including the export
+and import of a whole sequence's state that the prompt store (:mod:`runner.kvstore`) keeps.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class KvOps(Protocol):
+    #: what exported states are tied to besides the load options (llama.cpp: its version and the
+    #: number of KV streams); part of the prompt store's fingerprint
+    state_layout: str
+
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         """Forget positions [begin, end) of ``seq`` (end None: to the end). False when the model
         cannot erase part of a sequence (the caller then erases all of it)."""
@@ -34,6 +39,19 @@ class KvOps(Protocol):
 
     def can_resume(self, seq: int, pos: int) -> bool:
         """Whether the sequence can continue at ``pos`` with its cached prefix (SWA may say no)."""
+
+    def export_seq(self, seq: int) -> bytes | bytearray | None:
+        """A host copy of everything ``seq`` holds (positions 0..n-1), for :meth:`import_seq`
+        into a sequence of this same load (the prompt store's fingerprint keeps it there). Opaque
+        to the caller, which owns it and counts ``len`` bytes for it; None when the engine cannot
+        export (the caller then keeps nothing)."""
+
+    def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
+        """Make ``seq`` hold what :meth:`export_seq` exported, positions included, so decoding
+        continues at the exported length exactly as the exported sequence would have: the same
+        logits, bit for bit, for the same batches. ``seq`` is emptied first. False when the engine
+        cannot import or refuses ``state`` (another layout, damaged): ``seq`` is then empty and
+        the caller evaluates the inputs instead."""
 
 
 @dataclass(frozen=True)
