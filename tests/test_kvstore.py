@@ -107,8 +107,8 @@ def test_lookup_exact_and_by_block():
     assert store.lookup(chain(FP, saved)).n == 40  # the whole state: exact tail
     assert store.lookup(chain(FP, saved + [1, 2, 3])).n == 40
     hit = store.lookup(chain(FP, saved[:37] + [5, 5, 5, 5]))
-    assert hit.n == 32 and hit.entry.n == 40  # shares two whole blocks; the caller cuts back to 32
-    assert store.lookup(chain(FP, saved[:10])) is None  # shorter than one block and not exact
+    assert hit.n == 37 and hit.entry.n == 40  # exact to the input; the caller cuts back to 37
+    assert store.lookup(chain(FP, saved[:10])).n == 10  # less than a block is found too
     assert store.lookup(chain(dataclasses.replace(FP, num_ctx=1), saved)) is None
     assert store.lookup(chain(FP, [0] + saved)) is None
 
@@ -117,7 +117,18 @@ def test_short_state_found_by_its_exact_tail():
     store = RamStore(1 << 20)
     store.put(chain(FP, tokens(5)), b"s", 1)
     assert store.lookup(chain(FP, tokens(9))).n == 5
-    assert store.lookup(chain(FP, tokens(4))) is None
+    assert store.lookup(chain(FP, tokens(4))).n == 4
+    assert store.lookup(chain(FP, [1] + tokens(4))) is None
+
+
+def test_lookup_ignores_image_sources_and_keeps_none():
+    store = RamStore(1 << 20)
+    image = [ImageInput("33" * 32, i, 20, source=bytearray(10_000)) for i in range(20)]
+    store.put(chain(FP, [1, 2] + image + [3]), b"s", 1)
+    entry = store.lookup(chain(FP, [1, 2] + [ImageInput("33" * 32, i, 20) for i in range(20)] + [3, 4])).entry
+    assert entry.n == 23 and all(getattr(x, "source", None) is None for x in entry.inputs)
+    other = [ImageInput("44" * 32, i, 20) for i in range(20)]
+    assert store.lookup(chain(FP, [1, 2] + other)).n == 2
 
 
 def test_longest_wins_and_extended_states_are_dropped():
@@ -128,7 +139,7 @@ def test_longest_wins_and_extended_states_are_dropped():
     assert len(store) == 2
     hit = store.lookup(chain(FP, tokens(60)))
     assert hit.n == 50 and hit.entry.state == b"long"
-    assert store.lookup(chain(FP, tokens(20))).n == 16  # the long state, cut back to a block
+    assert store.lookup(chain(FP, tokens(20))).n == 20  # the long state, to be cut back to 20
     taken = store.take(hit.entry.key)
     assert taken is hit.entry and store.lookup(chain(FP, tokens(60))) is None and len(store) == 1
 
@@ -172,7 +183,8 @@ def test_off_keeps_nothing():
 
 
 def test_config_cache_ram():
-    assert config.load({}).cache_ram == config.DEFAULT_CACHE_RAM == 1024
+    assert config.load({}).cache_ram == config.DEFAULT_CACHE_RAM  # 0 until the loop's use is proven
+    assert config.load({"OLLAMA_CACHE_RAM": "1024"}).cache_ram == config.CACHE_RAM_ON
     assert config.load({"OLLAMA_CACHE_RAM": "0"}).cache_ram == 0
     assert config.load({"OLLAMA_CACHE_RAM": "64"}).cache_ram_bytes == 64 << 20
     assert config.load({"OLLAMA_CACHE_RAM": "lots"}).cache_ram == config.DEFAULT_CACHE_RAM
@@ -190,3 +202,115 @@ def test_new_engine_says_unsupported():
     kv = CacheKv(FakeCache())
     assert kv.export_seq(0) is None
     assert not kv.import_seq(1, b"state") and kv.cache.removed == [(1, 0, None)]  # the slot is left empty
+
+
+# ------------------------------------------------------------------- the slot cache's use
+class StateKv:
+    """A KV memory that holds, per sequence, the inputs it was given (the slot cache's bookkeeping
+    mirrored), and exports/imports them: enough to see what the slot cache saves and restores."""
+
+    state_layout = "fake"
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.held: dict[int, int] = {}  # seq -> positions held
+        self.exports: list[int] = []
+        self.imports: list[tuple[int, int]] = []
+        self.refuse = refuse
+
+    def seq_rm(self, seq, begin, end):
+        assert end is None
+        self.held[seq] = min(self.held.get(seq, 0), begin)
+        return True
+
+    def seq_cp(self, src, dst, length):
+        self.held[dst] = length
+
+    def shift(self, seq, keep, discard, length):
+        return False
+
+    def can_resume(self, seq, pos):
+        return True
+
+    def export_seq(self, seq):
+        self.exports.append(seq)
+        return bytearray(b"%d" % self.held.get(seq, 0))
+
+    def import_seq(self, seq, state):
+        self.held[seq] = 0
+        if self.refuse:
+            return False
+        self.imports.append((seq, int(state)))
+        self.held[seq] = int(state)
+        return True
+
+
+def store_cache(kv, slots: int = 1, multi_user: bool = False):
+    from runner.kvstore.store import PromptStore
+    from runner.loop.slots import InputCache
+
+    return InputCache(kv, kv_size=1024 * slots, num_slots=slots, multi_user=multi_user,
+                      store=PromptStore(FP, RamStore(1 << 20)))
+
+
+def run_turn(cache, prompt, answer=()):
+    """Claim a slot for ``prompt``, "evaluate" the rest and ``answer``, release; what was cached."""
+    slot, rest = cache.load_slot(list(prompt))
+    cached = len(prompt) - len(rest)
+    slot.inputs.extend(rest)
+    slot.inputs.extend(answer)
+    cache.kv.held[slot.id] = len(slot.inputs)
+    cache.release(slot)
+    return cached
+
+
+def test_an_evicted_conversation_comes_back_from_the_store():
+    kv = StateKv()
+    cache = store_cache(kv)
+    a, b = tokens(100), tokens(90, start=5000)
+    assert run_turn(cache, a, [7, 8]) == 0
+    assert run_turn(cache, b, [9]) == 0  # B takes the only slot: A's 102 inputs are saved
+    assert kv.exports == [0] and cache.store.holds(a + [7, 8])
+    assert run_turn(cache, a + [7, 8] + tokens(10, start=300)) == 102  # A returns: restored
+    assert kv.imports == [(0, 102)] and kv.exports == [0, 0]  # B was saved before the import
+    assert run_turn(cache, b + [9, 1]) == 91  # and B comes back too
+
+
+def test_the_store_restores_to_the_input_and_never_the_whole_prompt():
+    kv = StateKv()
+    cache = store_cache(kv)
+    a = tokens(50)
+    run_turn(cache, a)
+    run_turn(cache, tokens(60, start=5000))
+    assert run_turn(cache, a[:45] + [1, 2]) == 45
+    assert kv.held[0] == 47  # restored 50, cut to 45, then the 2 new ones
+    run_turn(cache, tokens(60, start=9000))
+    assert run_turn(cache, a[:45] + [1, 2]) == 46  # the whole prompt is stored: one is evaluated
+
+
+def test_a_slot_keeping_most_of_its_inputs_is_not_saved():
+    kv = StateKv()
+    cache = store_cache(kv)
+    run_turn(cache, tokens(100), [5])
+    run_turn(cache, tokens(100) + [6, 7])  # an edited last token: the slot keeps 100 of 101
+    assert kv.exports == []
+
+
+def test_a_refused_state_is_forgotten_and_the_prompt_evaluated():
+    kv = StateKv(refuse=True)
+    cache = store_cache(kv)
+    a = tokens(40)
+    run_turn(cache, a)
+    run_turn(cache, tokens(40, start=5000))
+    assert run_turn(cache, a + [1]) == 0
+    assert not cache.store.holds(a) and kv.held[0] == 41
+
+
+def test_short_slots_and_scratch_jobs():
+    kv = StateKv()
+    cache = store_cache(kv)
+    run_turn(cache, tokens(10))  # shorter than a block: not worth a save
+    run_turn(cache, tokens(30, start=5000))
+    assert kv.exports == []
+    slot, _ = cache.load_slot([], cache_prompt=False)  # an embedding job takes the slot
+    assert kv.exports == [0] and cache.store.holds(tokens(30, start=5000))
+    cache.release(slot)

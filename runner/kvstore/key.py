@@ -54,7 +54,7 @@ class Fingerprint:
     """Everything besides the inputs that a sequence's KV bytes depend on."""
 
     engine: str  # "old" (llama.cpp) or "new" (our GGML code)
-    engine_version: str  # llama-cpp-python's version, or the new engine's state format version
+    engine_version: str  # the engine's state format and what it is tied to (KvOps.state_layout)
     model: str  # file_identity of the GGUF
     projector: str  # file_identity of the vision projector ("" without one)
     kv_cache_type: str  # "f16", "q8_0", "q4_0"

@@ -1,15 +1,14 @@
 """The RAM tier: saved sequence states in host memory, bounded in bytes, least recently used out.
 
 An entry is one sequence's KV state after ``n`` inputs, as the engine exported it (opaque here:
-llama.cpp's per-sequence blob for the old engine), filed under the key of exactly those inputs
-(:meth:`runner.kvstore.key.Chain.key`) and indexed under each of its block prefixes, so a prompt
-finds the entry sharing its longest prefix:
-
-- the entry serves all its ``n`` inputs when the prompt's first ``n`` inputs are exactly them
-  (the exact-tail rule: the prompt's key at ``n`` equals the entry's key);
-- otherwise it serves the ``k * block`` inputs of the deepest block prefix they share, when the
-  engine can cut a restored state back (``seq_rm``; a sliding-window state cannot be: the loop's
-  ``can_resume`` turns that into a recompute).
+llama.cpp's per-sequence blob for the old engine), with those inputs (images without what they
+decode from), filed under the key of exactly those inputs (:meth:`runner.kvstore.key.Chain.key`)
+and indexed under each of its block prefixes. A prompt's candidates are the entries under the
+deepest block prefix it shares with any (an entry not under it differs within that block, so it
+shares less); among them the one sharing the most inputs wins, counted exactly, so a stored state
+serves a prompt to the input, as a slot does. The caller cuts the restored state back to that
+prefix (``seq_rm``; a sliding-window state cannot be cut back: the loop's ``can_resume`` turns that
+into a recompute).
 
 The bound (``OLLAMA_CACHE_RAM`` MiB, :data:`runner.config.DEFAULT_CACHE_RAM`) counts each entry's
 state bytes plus its keys; an entry larger than the whole bound is not kept. Saving a state drops
@@ -19,14 +18,35 @@ as llama-server's ``--cache-ram`` does. Thread-safe: one lock around every opera
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from .key import DIGEST, Chain
 
-ENTRY_OVERHEAD = 256  # bytes counted per entry besides its state and keys (the objects around them)
+ENTRY_OVERHEAD = 256  # bytes counted per entry besides its state, keys and inputs
+INPUT_BYTES = 8  # counted per input held (a reference; small ints are shared)
+
+
+def _bare(item: Any) -> Any:
+    """An input without what it decodes from (an image position's ``source``: pixels, embedding)."""
+    if isinstance(item, int) or getattr(item, "source", None) is None:
+        return item
+    return dataclasses.replace(item, source=None)
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any], start: int = 0) -> int:
+    """How many leading inputs ``a`` and ``b`` share, known to share ``start``."""
+    n = min(len(a), len(b))
+    i = min(start, n)
+    step = 256  # slices compare in C
+    while i + step <= n and a[i : i + step] == b[i : i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 @dataclass
@@ -35,6 +55,7 @@ class Entry:
 
     n: int  # inputs it holds, positions 0..n-1
     key: bytes  # the key of exactly those inputs
+    inputs: tuple[Any, ...] = field(repr=False)  # the inputs, images without their source
     prefixes: tuple[bytes, ...]  # the keys of its block prefixes (index 0: the fingerprint root)
     state: Any = field(repr=False)  # the engine's export
     nbytes: int  # what it counts against the bound
@@ -73,7 +94,7 @@ class RamStore:
         already held only marks it used."""
         if chain.n == 0:
             return False
-        cost = nbytes + DIGEST * (len(chain.prefixes) + 1) + ENTRY_OVERHEAD
+        cost = nbytes + DIGEST * (len(chain.prefixes) + 1) + INPUT_BYTES * chain.n + ENTRY_OVERHEAD
         if cost > self.limit:
             return False
         key = chain.key()
@@ -85,7 +106,8 @@ class RamStore:
                 self._remove(old.key)  # the new state extends it
             while self._used + cost > self.limit:
                 self._remove(next(iter(self._entries)))
-            entry = Entry(n=chain.n, key=key, prefixes=chain.prefixes, state=state, nbytes=cost)
+            entry = Entry(n=chain.n, key=key, inputs=tuple(_bare(x) for x in chain.inputs), prefixes=chain.prefixes,
+                          state=state, nbytes=cost)
             self._entries[key] = entry
             for prefix in entry.prefixes:
                 self._index.setdefault(prefix, set()).add(key)
@@ -93,8 +115,8 @@ class RamStore:
             return True
 
     def lookup(self, chain: Chain) -> Hit | None:
-        """The entry serving the longest prefix of ``chain``'s inputs, or None. Does not mark it
-        used (:meth:`take` or :meth:`get` does)."""
+        """The entry sharing the longest prefix with ``chain``'s inputs, or None when none shares
+        any. Does not mark it used (:meth:`get` or :meth:`take` does)."""
         with self._lock:
             for depth in range(len(chain.prefixes) - 1, -1, -1):
                 keys = self._index.get(chain.prefixes[depth])
@@ -103,12 +125,11 @@ class RamStore:
                 best: Hit | None = None
                 for key in keys:
                     entry = self._entries[key]
-                    n = depth * chain.block
-                    if entry.n <= chain.n and chain.key_at(entry.n) == entry.key:
-                        n = entry.n  # all of it (the exact-tail rule)
+                    n = entry.n if entry.n <= chain.n and chain.key_at(entry.n) == entry.key else \
+                        common_prefix(entry.inputs, chain.inputs, depth * chain.block)
                     if n > 0 and (best is None or n > best.n):
                         best = Hit(entry, n)
-                return best  # a deeper shared block always serves more than a shallower one
+                return best  # an entry not under this prefix shares less than any under it
             return None
 
     def get(self, key: bytes) -> Entry | None:
