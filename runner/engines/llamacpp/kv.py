@@ -22,9 +22,10 @@ import fails otherwise, hence :attr:`LlamaKv.state_layout`). The import restores
 the destination's stream from its first cell, as a recompute from an empty slot places them, so a
 restored sequence decodes bit for bit like the one exported (measured: restore into another stream,
 FA on and off). A sliding-window model's state holds only the window (llama.cpp drops masked cells),
-so it serves its exact end only: ``can_resume`` refuses anything shorter. Past the window,
-decoding after such a restore can drift from the live sequence (the window's cells come back
-compacted, another layout; llama.cpp #25295): exactness is tested on SmolLM2, not gemma3.
+so it would serve its exact end only, and past the window decoding after such a restore drifts
+from the live sequence (the window's cells come back compacted, another layout; llama.cpp #25295).
+Until the store keeps window pages of its own, sliding-window models export nothing
+(``state_layout`` "").
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ class LlamaKv:
     def __init__(self, ctx, model, num_streams: int = 1) -> None:
         self.ctx = ctx
         self.mem = L.llama_get_memory(ctx)
-        self.state_layout = f"llama.cpp-{L.__version__} streams={num_streams}"
-        self.shiftable = bool(L.llama_memory_can_shift(self.mem))
         self.window = int(L.llama_model_n_swa(model))  # 0: no sliding window
+        # "": no export (a sliding window's state does not restore exactly yet, see above)
+        self.state_layout = "" if self.window > 0 else f"llama.cpp-{L.__version__} streams={num_streams}"
+        self.shiftable = bool(L.llama_memory_can_shift(self.mem))
 
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         return bool(L.llama_memory_seq_rm(self.mem, seq, begin, -1 if end is None else end))
@@ -67,6 +69,8 @@ class LlamaKv:
         return 0 <= oldest <= max(0, pos - self.window)
 
     def export_seq(self, seq: int) -> bytearray | None:
+        if not self.state_layout:
+            return None
         size = L.llama_state_seq_get_size(self.ctx, seq)
         if size <= 0:
             return None
