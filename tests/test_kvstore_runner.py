@@ -28,9 +28,9 @@ OTHER = ("A recipe for bread: flour, water, salt and yeast, kneaded for ten minu
          "twice, then baked hot until the crust sings when it cools. ") * 4
 
 
-def load_old(cache_ram: int):
+def load_old(cache_ram: int, pipeline: bool = False):
     # one thread each: two runners' llama.cpp threads spinning against each other on 2 cores took 45 s
-    cfg = dataclasses.replace(config.load({}), new_engine=False, cache_ram=cache_ram)
+    cfg = dataclasses.replace(config.load({}), new_engine=False, cache_ram=cache_ram, pipeline=pipeline)
     r = runner.load(runner.resolve(None, cfg), Options().merged({"num_ctx": 2048, "num_thread": 1}), cfg,
                     num_parallel=1)
     assert r.engine == "old"
@@ -50,9 +50,11 @@ def turn(r, messages):
                                           for lp in logprobs]
 
 
-@pytest.fixture(scope="module")
-def runners():
-    stored, plain = load_old(64), load_old(0)
+@pytest.fixture(scope="module", params=[False, True], ids=["inline", "pipeline"])
+def runners(request):
+    """(a runner with a RAM store, one without), one slot each; the stored one decodes inline or
+    on a compute thread (the store is used between decodes, on the loop thread, either way)."""
+    stored, plain = load_old(64, pipeline=request.param), load_old(0)
     yield stored, plain
     stored.close()
     plain.close()
