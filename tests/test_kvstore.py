@@ -272,6 +272,7 @@ def test_an_evicted_conversation_comes_back_from_the_store():
     assert kv.exports == [0] and cache.store.holds(a + [7, 8])
     assert run_turn(cache, a + [7, 8] + tokens(10, start=300)) == 102  # A returns: restored
     assert kv.imports == [(0, 102)] and kv.exports == [0, 0]  # B was saved before the import
+    assert not cache.store.holds(a + [7, 8]) and cache.store.holds(b + [9])  # A moved into the slot
     assert run_turn(cache, b + [9, 1]) == 91  # and B comes back too
 
 

@@ -65,7 +65,7 @@ class PromptStore:
         return Found(n=hit.n, state_n=entry.n, state=entry.state, key=entry.key)
 
     def forget(self, found: Found) -> None:
-        """Drop a state the engine refused to import."""
+        """Drop a state: imported into a slot (which holds it now), or refused by the engine."""
         self.ram.take(found.key)
 
     @property

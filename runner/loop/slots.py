@@ -243,7 +243,8 @@ class InputCache:
         """How much of ``prompt`` ``slot`` holds once the store had its say: a stored state that
         serves more than the slot's ``num_past`` inputs replaces the slot's contents (saved first
         when the slot would lose most of them: another conversation takes it, as llama-server
-        saves a slot whose prompt keeps less than half of it)."""
+        saves a slot whose prompt keeps less than half of it). A restored state leaves the store
+        (llama-server's too): the slot holds it, and saves it again when it loses it."""
         assert self.store is not None
         found = self.store.lookup(prompt)
         better = found is not None and image_start(prompt, min(found.n, len(prompt) - 1)) > num_past
@@ -258,6 +259,7 @@ class InputCache:
             self.store.forget(found)
             slot.inputs = []
             return 0
+        self.store.forget(found)  # it lives in the slot now, saved again when the slot is lost
         log.debug("prompt cache: %d input(s) (ram) into slot %d", found.n, slot.id)
         slot.inputs = list(prompt[: found.n])  # the import holds state_n positions: cut below
         return found.n
