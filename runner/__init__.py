@@ -34,6 +34,9 @@ from .api import (
     Runner,
     ServerBusy,
 )
+from .kvstore.key import Fingerprint
+from .kvstore.ram import RamStore
+from .kvstore.store import PromptStore
 from .loading.plan import LoadOptions, load_options
 from .loading.resolve import ResolvedModel, model_info, resolve
 from .loop.engine import Engine
@@ -79,11 +82,21 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
         engine = LlamaEngine(info, plan)
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
-                         num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder)
+                         num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
+                         store=_prompt_store(engine, info, plan, cfg))
     runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()
     return runner
+
+
+def _prompt_store(engine: Engine, info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> PromptStore | None:
+    """The prompt store for this load (``OLLAMA_CACHE_RAM``; issue 25), None when it is off or
+    the engine cannot export its KV state. One per loaded model for now."""
+    if cfg.cache_ram <= 0 or not engine.kv.state_layout:
+        return None
+    fingerprint = Fingerprint.of(engine.name, engine.kv.state_layout, info, plan)
+    return PromptStore(fingerprint, RamStore(cfg.cache_ram_bytes))
 
 
 def _new_engine_runs(info: ModelInfo) -> bool:

@@ -19,6 +19,13 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 11434
 DEFAULT_CONTEXT_LENGTH = 4096  # Ollama's tier for < 23 GiB of VRAM, i.e. any CPU machine
 DEFAULT_PULL_STALL_TIMEOUT = 60.0  # seconds a pull may go without progress (runner.store.registry)
+# OLLAMA_CACHE_RAM, MiB of host memory for saved prompt states (runner.kvstore.ram). Meant to be
+# 1 GiB (CACHE_RAM_ON), not llama-server's 8 GiB: an 8 GiB cache got Ollama's runners OOM-killed on
+# laptops and pods (ollama#18264, #17351), and 1 GiB still holds ~45k tokens of SmolLM2-135M
+# (22.5 KiB a token), i.e. twenty 2k-token conversations of a small model; the disk tier is meant
+# to hold the rest. Off (0) by default until the slot cache's use of it has passed the whole suite.
+CACHE_RAM_ON = 1024
+DEFAULT_CACHE_RAM = 0
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,11 @@ class Config:
     pipeline: bool = False  # POLLAMA_PIPELINE: build the next batch while one decodes (runner.loop.pipeline)
     # POLLAMA_PULL_STALL_TIMEOUT: a pull fails when less than 1 KiB arrives in this many seconds
     pull_stall_timeout: float = DEFAULT_PULL_STALL_TIMEOUT
+    cache_ram: int = DEFAULT_CACHE_RAM  # OLLAMA_CACHE_RAM: MiB for saved prompt states; 0: off
+
+    @property
+    def cache_ram_bytes(self) -> int:
+        return self.cache_ram * 2**20
 
     @property
     def base_url(self) -> str:
@@ -210,4 +222,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         origins=parse_origins(_clean(env, "OLLAMA_ORIGINS")),
         pipeline=parse_bool(_clean(env, "POLLAMA_PIPELINE")),
         pull_stall_timeout=_positive_duration(env, "POLLAMA_PULL_STALL_TIMEOUT", DEFAULT_PULL_STALL_TIMEOUT),
+        cache_ram=_uint(env, "OLLAMA_CACHE_RAM", DEFAULT_CACHE_RAM),
     )

@@ -42,6 +42,7 @@ from ..api import (
     PollamaError,
     Request,
 )
+from ..kvstore.store import PromptStore
 from .embedding import EmbedJob
 from .engine import PLACEHOLDER, Engine
 from .pipeline import Decoder, InlineDecoder
@@ -89,9 +90,11 @@ class BatchRunner:
     """A loaded model (an :class:`Engine`) plus its batch loop thread."""
 
     def __init__(self, engine: Engine, *, template: ChatTemplate, num_ctx: int, num_parallel: int,
-                 num_batch: int, multi_user: bool, decoder: Decoder | None = None) -> None:
+                 num_batch: int, multi_user: bool, decoder: Decoder | None = None,
+                 store: PromptStore | None = None) -> None:
         """``template``: the loaded model's, for requests that come without their chosen one;
-        ``decoder``: where decodes run (:mod:`runner.loop.pipeline`; default on the loop thread)."""
+        ``decoder``: where decodes run (:mod:`runner.loop.pipeline`; default on the loop thread);
+        ``store``: the prompt store the slot cache saves to and restores from (None: none)."""
         self.model_engine = engine
         self.decoder: Decoder = decoder if decoder is not None else InlineDecoder()
         self._ahead: _Batch | None = None  # the next batch, built while the last one decoded
@@ -102,7 +105,7 @@ class BatchRunner:
         self.num_batch = num_batch
         self.load_duration = 0  # ns, set by runner.load(): the caller reports it
         self.memory_size = engine.memory_size  # bytes besides the weights; runner.load() fills in an estimate
-        self.cache = InputCache(engine.kv, num_ctx * num_parallel, num_parallel, multi_user)
+        self.cache = InputCache(engine.kv, num_ctx * num_parallel, num_parallel, multi_user, store)
         self.prompter = Prompter(engine, num_ctx, template)
         self._lock = threading.Condition()
         self._waiting: collections.deque[Sequence | EmbedJob] = collections.deque()

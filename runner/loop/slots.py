@@ -6,8 +6,9 @@ A slot is one KV sequence with the inputs it holds: token ids, and for an image,
 so a prompt that repeats an image matches the cached positions like repeated tokens do. An image is
 never cut: a cached prefix that ends inside an image is cut back to the image's start, and a context
 shift drops whole images. The policy is plain Python over plain data;
-the engine supplies :class:`KvOps`, the four KV-memory operations it needs (llama.cpp's
-``llama_memory_seq_*`` for the old engine, our ``kvcache`` for the new one).
+the engine supplies :class:`KvOps`, the KV-memory operations it needs (llama.cpp's
+``llama_memory_seq_*`` for the old engine, our ``kvcache`` for the new one), including the export
+and import of a whole sequence's state that the prompt store (:mod:`runner.kvstore`) keeps.
 """
 
 from __future__ import annotations
@@ -15,12 +16,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, Union
+
+if TYPE_CHECKING:
+    from ..kvstore.store import PromptStore
 
 log = logging.getLogger(__name__)
 
 
 class KvOps(Protocol):
+    #: what exported states are tied to besides the load options (llama.cpp: its version and the
+    #: number of KV streams); part of the prompt store's fingerprint
+    state_layout: str
+
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         """Forget positions [begin, end) of ``seq`` (end None: to the end). False when the model
         cannot erase part of a sequence (the caller then erases all of it)."""
@@ -34,6 +42,19 @@ class KvOps(Protocol):
 
     def can_resume(self, seq: int, pos: int) -> bool:
         """Whether the sequence can continue at ``pos`` with its cached prefix (SWA may say no)."""
+
+    def export_seq(self, seq: int) -> bytes | bytearray | None:
+        """A host copy of everything ``seq`` holds (positions 0..n-1), for :meth:`import_seq`
+        into a sequence of this same load (the prompt store's fingerprint keeps it there). Opaque
+        to the caller, which owns it and counts ``len`` bytes for it; None when the engine cannot
+        export (the caller then keeps nothing)."""
+
+    def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
+        """Make ``seq`` hold what :meth:`export_seq` exported, positions included, so decoding
+        continues at the exported length exactly as the exported sequence would have: the same
+        logits, bit for bit, for the same batches. ``seq`` is emptied first. False when the engine
+        cannot import or refuses ``state`` (another layout, damaged): ``seq`` is then empty and
+        the caller evaluates the inputs instead."""
 
 
 @dataclass(frozen=True)
@@ -113,10 +134,14 @@ def shift_discard(num_ctx: int, input_len: int, num_keep: int) -> int:
 
 
 class InputCache:
-    def __init__(self, kv: KvOps, kv_size: int, num_slots: int, multi_user: bool):
+    def __init__(self, kv: KvOps, kv_size: int, num_slots: int, multi_user: bool,
+                 store: PromptStore | None = None):
+        """``store``: where slots' states go when another conversation takes their slot, and
+        come back from when a prompt returns (the prompt store, issue 25); None: no store."""
         if num_slots < 1 or kv_size // num_slots < 1:
             raise ValueError("must have at least one kv cache entry per parallel sequence")
         self.kv = kv
+        self.store = store
         self.num_ctx = kv_size // num_slots
         self.multi_user = multi_user
         self.slots = [Slot(i) for i in range(num_slots)]
@@ -154,6 +179,7 @@ class InputCache:
         if oldest_slot.inputs:
             log.debug("evicting cache slot %d (%d tokens)", oldest_slot.id, len(oldest_slot.inputs))
         if longest > 0 and longest_slot is not oldest_slot:
+            self._save(oldest_slot)
             log.debug("forking %d tokens from slot %d into slot %d", longest, longest_slot.id, oldest_slot.id)
             oldest_slot.inputs = list(longest_slot.inputs[:longest])
             self.kv.seq_rm(oldest_slot.id, 0, None)
@@ -189,6 +215,10 @@ class InputCache:
             slot, num_past = self.find_longest_slot(prompt)
         slot.in_use = True
         slot.last_used = time.monotonic()
+        if self.store is not None and cache_prompt:
+            num_past = self._restore(slot, prompt, num_past)
+        elif self.store is not None:
+            self._save(slot)  # a scratch job (embeddings) is taking it
         if num_past == len(prompt) and num_past > 0:
             num_past -= 1  # leave one input to evaluate: its logits give the first token
         num_past = image_start(prompt, num_past)  # an image is decoded whole or not at all
@@ -199,6 +229,40 @@ class InputCache:
             num_past = 0
         slot.inputs = list(prompt[:num_past])
         return slot, list(prompt[num_past:])
+
+    # ------------------------------------------------------------------------- prompt store
+    def _save(self, slot: Slot) -> None:
+        """Put what ``slot`` holds in the store before it is lost (unless stored already)."""
+        if self.store is None or not self.store.wants(slot.inputs):
+            return
+        state = self.kv.export_seq(slot.id)
+        if state is not None and self.store.save(slot.inputs, state):
+            log.debug("prompt cache: saved slot %d (%d inputs, %d bytes)", slot.id, len(slot.inputs), len(state))
+
+    def _restore(self, slot: Slot, prompt: list[Input], num_past: int) -> int:
+        """How much of ``prompt`` ``slot`` holds once the store had its say: a stored state that
+        serves more than the slot's ``num_past`` inputs replaces the slot's contents (saved first
+        when the slot would lose most of them: another conversation takes it, as llama-server
+        saves a slot whose prompt keeps less than half of it). A restored state leaves the store
+        (llama-server's too): the slot holds it, and saves it again when it loses it."""
+        assert self.store is not None
+        found = self.store.lookup(prompt)
+        better = found is not None and image_start(prompt, min(found.n, len(prompt) - 1)) > num_past
+        if num_past < len(slot.inputs) / 2 or better:
+            self._save(slot)
+        if not better:
+            return num_past
+        assert found is not None
+        if not self.kv.import_seq(slot.id, found.state):
+            log.warning("prompt cache: slot %d refused a stored state of %d inputs; evaluating the prompt",
+                        slot.id, found.state_n)
+            self.store.forget(found)
+            slot.inputs = []
+            return 0
+        self.store.forget(found)  # it lives in the slot now, saved again when the slot is lost
+        log.debug("prompt cache: %d input(s) (ram) into slot %d", found.n, slot.id)
+        slot.inputs = list(prompt[: found.n])  # the import holds state_n positions: cut below
+        return found.n
 
     def release(self, slot: Slot) -> None:
         slot.in_use = False

@@ -10,6 +10,8 @@ class CacheKv:
     or gemma3's sliding-window + global wrapper: ``can_resume`` is how a slot whose window has
     slid past the prefix starts over)."""
 
+    state_layout = ""  # no export yet
+
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
 
@@ -28,3 +30,10 @@ class CacheKv:
 
     def can_resume(self, seq: int, pos: int) -> bool:
         return self.cache.can_resume(seq, pos)
+
+    def export_seq(self, seq: int) -> None:
+        return None  # not yet (issue 25: rows of the sequence's cells, runner/kvcache)
+
+    def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
+        self.seq_rm(seq, 0, None)
+        return False

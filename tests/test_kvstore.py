@@ -1,0 +1,317 @@
+"""The prompt store's keys and RAM tier (runner.kvstore), on plain data: no model."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from runner import config
+from runner.kvstore.key import BLOCK, Fingerprint, chain, file_identity
+from runner.kvstore.ram import RamStore
+from runner.loop.slots import ImageInput
+
+FP = Fingerprint(engine="old", engine_version="0.3.36", model="sha256-" + "ab" * 32, projector="",
+                 kv_cache_type="f16", flash_attention=False, num_ctx=2048, layout="streams=1")
+
+
+def tokens(n: int, start: int = 100) -> list[int]:
+    return list(range(start, start + n))
+
+
+# ------------------------------------------------------------------------------------- keys
+def test_same_prefix_same_hashes():
+    a, b = chain(FP, tokens(50)), chain(FP, tokens(40) + [7] * 30)
+    assert a.prefixes[:3] == b.prefixes[:3]  # the first 32 inputs (two blocks) are shared
+    assert a.prefixes[3] == chain(FP, tokens(48)).prefixes[3]
+    c = chain(FP, tokens(33) + [1] * 20)
+    assert c.prefixes[:3] == a.prefixes[:3] and c.prefixes[3] != a.prefixes[3]  # differs at input 33
+
+
+def test_one_changed_input_changes_its_block_and_every_later_one():
+    base = tokens(80)
+    changed = list(base)
+    changed[20] = 9999
+    a, b = chain(FP, base), chain(FP, changed)
+    assert a.prefixes[:2] == b.prefixes[:2]
+    assert all(x != y for x, y in zip(a.prefixes[2:], b.prefixes[2:]))
+
+
+@pytest.mark.parametrize("field,value", [("engine", "new"), ("engine_version", "0.3.37"),
+                                         ("model", "sha256-" + "cd" * 32), ("projector", "x"),
+                                         ("kv_cache_type", "q8_0"), ("flash_attention", True),
+                                         ("num_ctx", 4096), ("layout", "streams=2")])
+def test_another_fingerprint_shares_no_hash(field, value):
+    other = dataclasses.replace(FP, **{field: value})
+    a, b = chain(FP, tokens(70)), chain(other, tokens(70))
+    assert not set(a.prefixes + (a.tail,)) & set(b.prefixes + (b.tail,))
+
+
+def test_exact_tail_key():
+    c = chain(FP, tokens(37))
+    assert c.n == 37 and len(c.prefixes) == 3 and c.tail is not None
+    assert c.key() == c.tail == chain(FP, tokens(37)).key()
+    assert c.key() != chain(FP, tokens(36)).key() and c.key() != chain(FP, tokens(38)).key()
+    # the key of any prefix equals the key of that prefix hashed alone
+    for n in (0, 1, 15, 16, 17, 32, 36, 37):
+        assert c.key_at(n) == chain(FP, tokens(n)).key()
+    # a full block is keyed by its block hash, never by a tail hash
+    assert chain(FP, tokens(32)).tail is None and chain(FP, tokens(32)).key() == c.prefixes[2]
+
+
+def test_images_hash_by_identity_not_source():
+    def image(digest: str, source) -> list:
+        return [ImageInput(digest, i, 20, source=source) for i in range(20)]
+
+    d1, d2 = "11" * 32, "22" * 32
+    a = chain(FP, [1, 2, 3] + image(d1, object()) + [4, 5])
+    b = chain(FP, [1, 2, 3] + image(d1, "another decode of the same image") + [4, 5])
+    c = chain(FP, [1, 2, 3] + image(d2, object()) + [4, 5])
+    assert a.prefixes == b.prefixes and a.key() == b.key()
+    assert a.prefixes[0] == c.prefixes[0] and a.prefixes[1] != c.prefixes[1] and a.key() != c.key()
+    # an image position is never the token with the same bytes
+    assert chain(FP, [ImageInput(d1, 0, 1)]).key() != chain(FP, [0]).key()
+
+
+def test_file_identity(tmp_path):
+    blob = tmp_path / ("sha256-" + "0f" * 32)
+    blob.write_bytes(b"gguf")
+    assert file_identity(str(blob)) == blob.name  # a store blob: its digest, wherever the store is
+    loose = tmp_path / "model.gguf"
+    loose.write_bytes(b"gguf")
+    first = file_identity(str(loose))
+    loose.write_bytes(b"gguf, changed")
+    assert file_identity(str(loose)) != first
+    assert file_identity(None) == ""
+
+
+def test_fingerprint_of_a_load():
+    class Info:
+        path, projector = str(__file__), None
+
+    class Load:
+        kv_cache_type, flash_attention, num_ctx = "f16", True, 1024
+
+    fp = Fingerprint.of("old", "0.3.36", Info, Load, layout="streams=2")
+    assert fp.model == file_identity(__file__) and fp.projector == "" and fp.flash_attention
+    assert fp.digest == Fingerprint.of("old", "0.3.36", Info, Load, layout="streams=2").digest
+    assert fp.digest != Fingerprint.of("old", "0.3.36", Info, Load, layout="streams=1").digest
+
+
+# -------------------------------------------------------------------------------------- RAM
+def test_lookup_exact_and_by_block():
+    store = RamStore(1 << 20)
+    saved = tokens(40)
+    assert store.put(chain(FP, saved), b"state", 5)
+    assert store.lookup(chain(FP, saved)).n == 40  # the whole state: exact tail
+    assert store.lookup(chain(FP, saved + [1, 2, 3])).n == 40
+    hit = store.lookup(chain(FP, saved[:37] + [5, 5, 5, 5]))
+    assert hit.n == 37 and hit.entry.n == 40  # exact to the input; the caller cuts back to 37
+    assert store.lookup(chain(FP, saved[:10])).n == 10  # less than a block is found too
+    assert store.lookup(chain(dataclasses.replace(FP, num_ctx=1), saved)) is None
+    assert store.lookup(chain(FP, [0] + saved)) is None
+
+
+def test_short_state_found_by_its_exact_tail():
+    store = RamStore(1 << 20)
+    store.put(chain(FP, tokens(5)), b"s", 1)
+    assert store.lookup(chain(FP, tokens(9))).n == 5
+    assert store.lookup(chain(FP, tokens(4))).n == 4
+    assert store.lookup(chain(FP, [1] + tokens(4))) is None
+
+
+def test_lookup_ignores_image_sources_and_keeps_none():
+    store = RamStore(1 << 20)
+    image = [ImageInput("33" * 32, i, 20, source=bytearray(10_000)) for i in range(20)]
+    store.put(chain(FP, [1, 2] + image + [3]), b"s", 1)
+    entry = store.lookup(chain(FP, [1, 2] + [ImageInput("33" * 32, i, 20) for i in range(20)] + [3, 4])).entry
+    assert entry.n == 23 and all(getattr(x, "source", None) is None for x in entry.inputs)
+    other = [ImageInput("44" * 32, i, 20) for i in range(20)]
+    assert store.lookup(chain(FP, [1, 2] + other)).n == 2
+
+
+def test_longest_wins_and_extended_states_are_dropped():
+    store = RamStore(1 << 20)
+    store.put(chain(FP, tokens(20)), b"short", 5)
+    store.put(chain(FP, tokens(20, start=5000)), b"other", 5)
+    store.put(chain(FP, tokens(50)), b"long", 4)  # extends the first: it goes
+    assert len(store) == 2
+    hit = store.lookup(chain(FP, tokens(60)))
+    assert hit.n == 50 and hit.entry.state == b"long"
+    assert store.lookup(chain(FP, tokens(20))).n == 20  # the long state, to be cut back to 20
+    taken = store.take(hit.entry.key)
+    assert taken is hit.entry and store.lookup(chain(FP, tokens(60))) is None and len(store) == 1
+
+
+def test_lru_order_and_get():
+    entry_cost = RamStore(1 << 20)
+    entry_cost.put(chain(FP, tokens(16)), b"", 1000)
+    cost = entry_cost.used
+    store = RamStore(3 * cost)
+    keys = []
+    for i in range(3):
+        c = chain(FP, tokens(16, start=1000 * (i + 1)))
+        store.put(c, i, 1000)
+        keys.append(c.key())
+    assert store.get(keys[0]) is not None  # 0 is now the most recently used
+    store.put(chain(FP, tokens(16, start=9000)), 3, 1000)
+    assert store.get(keys[1]) is None and store.get(keys[0]) is not None and store.get(keys[2]) is not None
+
+
+def test_bound_holds_under_a_stream_of_distinct_states():
+    limit = 1 << 20
+    store = RamStore(limit)
+    sizes = [7_000, 130_000, 1, 64_000, 300_000]
+    kept_last = 0
+    for i in range(400):
+        c = chain(FP, tokens(1 + i % 97, start=100_000 * (i + 1)))
+        assert store.put(c, bytes(1), sizes[i % len(sizes)])
+        assert store.used <= limit
+        assert store.lookup(c).n == c.n  # the newest is always kept
+        kept_last = len(store)
+    assert 3 <= kept_last < 400
+    assert store.used == sum(e.nbytes for e in store._entries.values())
+    assert not store.put(chain(FP, tokens(3)), b"", limit)  # larger than the whole bound: refused
+    assert store.used <= limit
+
+
+def test_off_keeps_nothing():
+    store = RamStore(0)
+    assert not store.put(chain(FP, tokens(20)), b"x", 1)
+    assert store.lookup(chain(FP, tokens(20))) is None and store.used == 0
+
+
+def test_config_cache_ram():
+    assert config.load({}).cache_ram == config.DEFAULT_CACHE_RAM  # 0 until the loop's use is proven
+    assert config.load({"OLLAMA_CACHE_RAM": "1024"}).cache_ram == config.CACHE_RAM_ON
+    assert config.load({"OLLAMA_CACHE_RAM": "0"}).cache_ram == 0
+    assert config.load({"OLLAMA_CACHE_RAM": "64"}).cache_ram_bytes == 64 << 20
+    assert config.load({"OLLAMA_CACHE_RAM": "lots"}).cache_ram == config.DEFAULT_CACHE_RAM
+
+
+def test_new_engine_says_unsupported():
+    from runner.engines.ggml.kv import CacheKv
+
+    class FakeCache:
+        removed: list = []
+
+        def remove(self, seq, begin, end):
+            self.removed.append((seq, begin, end))
+
+    kv = CacheKv(FakeCache())
+    assert kv.export_seq(0) is None
+    assert not kv.import_seq(1, b"state") and kv.cache.removed == [(1, 0, None)]  # the slot is left empty
+
+
+# ------------------------------------------------------------------- the slot cache's use
+class StateKv:
+    """A KV memory that holds, per sequence, the inputs it was given (the slot cache's bookkeeping
+    mirrored), and exports/imports them: enough to see what the slot cache saves and restores."""
+
+    state_layout = "fake"
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.held: dict[int, int] = {}  # seq -> positions held
+        self.exports: list[int] = []
+        self.imports: list[tuple[int, int]] = []
+        self.refuse = refuse
+
+    def seq_rm(self, seq, begin, end):
+        assert end is None
+        self.held[seq] = min(self.held.get(seq, 0), begin)
+        return True
+
+    def seq_cp(self, src, dst, length):
+        self.held[dst] = length
+
+    def shift(self, seq, keep, discard, length):
+        return False
+
+    def can_resume(self, seq, pos):
+        return True
+
+    def export_seq(self, seq):
+        self.exports.append(seq)
+        return bytearray(b"%d" % self.held.get(seq, 0))
+
+    def import_seq(self, seq, state):
+        self.held[seq] = 0
+        if self.refuse:
+            return False
+        self.imports.append((seq, int(state)))
+        self.held[seq] = int(state)
+        return True
+
+
+def store_cache(kv, slots: int = 1, multi_user: bool = False):
+    from runner.kvstore.store import PromptStore
+    from runner.loop.slots import InputCache
+
+    return InputCache(kv, kv_size=1024 * slots, num_slots=slots, multi_user=multi_user,
+                      store=PromptStore(FP, RamStore(1 << 20)))
+
+
+def run_turn(cache, prompt, answer=()):
+    """Claim a slot for ``prompt``, "evaluate" the rest and ``answer``, release; what was cached."""
+    slot, rest = cache.load_slot(list(prompt))
+    cached = len(prompt) - len(rest)
+    slot.inputs.extend(rest)
+    slot.inputs.extend(answer)
+    cache.kv.held[slot.id] = len(slot.inputs)
+    cache.release(slot)
+    return cached
+
+
+def test_an_evicted_conversation_comes_back_from_the_store():
+    kv = StateKv()
+    cache = store_cache(kv)
+    a, b = tokens(100), tokens(90, start=5000)
+    assert run_turn(cache, a, [7, 8]) == 0
+    assert run_turn(cache, b, [9]) == 0  # B takes the only slot: A's 102 inputs are saved
+    assert kv.exports == [0] and cache.store.holds(a + [7, 8])
+    assert run_turn(cache, a + [7, 8] + tokens(10, start=300)) == 102  # A returns: restored
+    assert kv.imports == [(0, 102)] and kv.exports == [0, 0]  # B was saved before the import
+    assert not cache.store.holds(a + [7, 8]) and cache.store.holds(b + [9])  # A moved into the slot
+    assert run_turn(cache, b + [9, 1]) == 91  # and B comes back too
+
+
+def test_the_store_restores_to_the_input_and_never_the_whole_prompt():
+    kv = StateKv()
+    cache = store_cache(kv)
+    a = tokens(50)
+    run_turn(cache, a)
+    run_turn(cache, tokens(60, start=5000))
+    assert run_turn(cache, a[:45] + [1, 2]) == 45
+    assert kv.held[0] == 47  # restored 50, cut to 45, then the 2 new ones
+    run_turn(cache, tokens(60, start=9000))
+    assert run_turn(cache, a[:45] + [1, 2]) == 46  # the whole prompt is stored: one is evaluated
+
+
+def test_a_slot_keeping_most_of_its_inputs_is_not_saved():
+    kv = StateKv()
+    cache = store_cache(kv)
+    run_turn(cache, tokens(100), [5])
+    run_turn(cache, tokens(100) + [6, 7])  # an edited last token: the slot keeps 100 of 101
+    assert kv.exports == []
+
+
+def test_a_refused_state_is_forgotten_and_the_prompt_evaluated():
+    kv = StateKv(refuse=True)
+    cache = store_cache(kv)
+    a = tokens(40)
+    run_turn(cache, a)
+    run_turn(cache, tokens(40, start=5000))
+    assert run_turn(cache, a + [1]) == 0
+    assert not cache.store.holds(a) and kv.held[0] == 41
+
+
+def test_short_slots_and_scratch_jobs():
+    kv = StateKv()
+    cache = store_cache(kv)
+    run_turn(cache, tokens(10))  # shorter than a block: not worth a save
+    run_turn(cache, tokens(30, start=5000))
+    assert kv.exports == []
+    slot, _ = cache.load_slot([], cache_prompt=False)  # an embedding job takes the slot
+    assert kv.exports == [0] and cache.store.holds(tokens(30, start=5000))
+    cache.release(slot)

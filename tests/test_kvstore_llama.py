@@ -1,0 +1,162 @@
+"""The old engine's sequence state export/import (LlamaKv.export_seq/import_seq) on SmolLM2.
+
+The baseline is the live sequence, not a recompute: K/V rows depend on how the prompt was split
+into batches (a different split moves logits), so "exact" means a restored sequence continues
+bit for bit like the sequence it was exported from, fed the same batches. The engine is driven
+directly (no batch loop), one sequence a batch, so both runs see the same splits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+import pytest
+
+import runner
+from runner import config
+from runner.api import Options
+from runner.engines.llamacpp.engine import LlamaEngine
+
+from conftest import SMOLLM2
+
+pytestmark = pytest.mark.skipif(not SMOLLM2 or not SMOLLM2.exists(), reason="SmolLM2 not available")
+
+NUM_BATCH = 64
+STORY = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
+         "father had taught him. There were one hundred and twelve of them, worn smooth in the middle "
+         "by a century of boots. At the top he trimmed the wick, polished the great lens until it "
+         "caught the last of the sunset, and wrote the weather into the log: wind from the west, sea "
+         "moderate, a fishing boat returning late. ") * 3
+
+
+def make_engine(num_parallel: int) -> LlamaEngine:
+    # one thread: llama.cpp's threads spin at every barrier, and on a busy 2-core machine a
+    # second thread made this file take minutes instead of seconds
+    cfg = dataclasses.replace(config.load({}), new_engine=False)
+    info = runner.resolve(None, cfg).info
+    plan = runner.load_options(info, Options().merged({"num_ctx": 1024, "num_batch": NUM_BATCH, "num_thread": 1}),
+                               cfg, num_parallel)
+    return LlamaEngine(info, plan)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    e = make_engine(2)
+    yield e
+    e.close()
+
+
+def evaluate(engine: LlamaEngine, tokens: list[int], pos: int, seq: int) -> np.ndarray:
+    """Decode ``tokens`` into ``seq`` from ``pos``, ``NUM_BATCH`` a batch; the last token's logits."""
+    for i in range(0, len(tokens), NUM_BATCH):
+        chunk = tokens[i : i + NUM_BATCH]
+        engine.batch_begin()
+        row = engine.batch_add(chunk, pos + i, seq)
+        engine.prepare()
+        engine.decode()
+    return engine.logits(row).copy()
+
+
+def greedy(engine: LlamaEngine, logits: np.ndarray, pos: int, seq: int, steps: int) -> tuple[list[int], list[np.ndarray]]:
+    """``steps`` greedy tokens after ``logits``, each fed back at ``pos``, ``pos + 1``, ...; the
+    tokens and the logits each of them produced."""
+    tokens, rows = [], []
+    for k in range(steps):
+        token = int(np.argmax(logits))
+        logits = evaluate(engine, [token], pos + k, seq)
+        tokens.append(token)
+        rows.append(logits)
+    return tokens, rows
+
+
+def positions(engine: LlamaEngine, seq: int) -> tuple[int, int]:
+    mem = engine.kv.mem
+    return L.llama_memory_seq_pos_min(mem, seq), L.llama_memory_seq_pos_max(mem, seq)
+
+
+def test_restored_sequence_continues_bit_for_bit(engine):
+    kv = engine.kv
+    for seq in (0, 1):
+        kv.seq_rm(seq, 0, None)
+    prompt = engine.tokenize(STORY)
+    assert len(prompt) > 3 * NUM_BATCH
+    first = evaluate(engine, prompt, 0, 0)
+    answer, _ = greedy(engine, first, len(prompt), 0, 7)  # a conversation: prompt, then an answer
+    n = len(prompt) + len(answer)
+    assert positions(engine, 0) == (0, n - 1)
+
+    state = kv.export_seq(0)
+    assert state is not None and len(state) > n * 1000  # SmolLM2: ~22.5 KiB a token in f16
+    assert kv.import_seq(1, state)
+    assert positions(engine, 1) == (0, n - 1)
+
+    turn = engine.tokenize(" The keeper asked himself what the sea would bring tomorrow, and answered:")
+    live = evaluate(engine, turn, n, 0)
+    live_tokens, live_rows = greedy(engine, live, n + len(turn), 0, 12)
+
+    restored = evaluate(engine, turn, n, 1)
+    assert np.array_equal(restored, live)
+    tokens, rows = greedy(engine, restored, n + len(turn), 1, 12)
+    assert tokens == live_tokens
+    assert all(np.array_equal(a, b) for a, b in zip(rows, live_rows))
+
+    # the same slot, emptied (another conversation took it), gets its state back
+    assert kv.import_seq(0, bytes(state))  # an immutable copy imports too
+    assert positions(engine, 0) == (0, n - 1)
+    again = evaluate(engine, turn, n, 0)
+    assert np.array_equal(again, live)
+    tokens, rows = greedy(engine, again, n + len(turn), 0, 12)
+    assert tokens == live_tokens
+    assert all(np.array_equal(a, b) for a, b in zip(rows, live_rows))
+
+    # a restored state cuts back like a computed one: continue from a shorter prefix
+    assert kv.import_seq(1, state)
+    assert kv.seq_rm(1, len(prompt), None)
+    assert positions(engine, 1) == (0, len(prompt) - 1)
+
+
+def test_damaged_or_foreign_state_is_refused_and_leaves_the_slot_empty(engine):
+    kv = engine.kv
+    kv.seq_rm(0, 0, None)
+    prompt = engine.tokenize(STORY)[:100]
+    evaluate(engine, prompt, 0, 0)
+    state = kv.export_seq(0)
+    kv.seq_rm(1, 0, None)
+    evaluate(engine, prompt, 0, 1)  # seq 1 holds something the failed import must drop
+
+    assert not kv.import_seq(1, state[: len(state) // 2])
+    assert positions(engine, 1)[1] == -1
+    assert not kv.import_seq(1, b"")
+    bad = bytearray(state)
+    bad[0] ^= 0xFF  # the magic
+    assert not kv.import_seq(1, bad)
+    assert positions(engine, 1)[1] == -1
+    assert kv.import_seq(1, state)  # the intact state still imports
+
+    other = make_engine(1)  # one KV stream, not two: llama.cpp's blob is tied to the count
+    try:
+        assert other.kv.state_layout != kv.state_layout
+        assert not other.kv.import_seq(0, state)
+        assert positions(other, 0)[1] == -1
+    finally:
+        other.close()
+
+
+GEMMA3 = Path.home() / ".cache" / "pollama-test-models" / "gemma-3-270m-q4_k_m.gguf"  # read before HOME is isolated
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GEMMA3.exists(), reason="gemma-3-270m not fetched (tests/test_gemma3.py fetches it)")
+def test_a_sliding_window_model_exports_nothing_yet():
+    cfg = dataclasses.replace(config.load({}), new_engine=False)
+    info = runner.resolve(str(GEMMA3), cfg).info
+    e = LlamaEngine(info, runner.load_options(info, Options().merged({"num_ctx": 1024, "num_thread": 1}), cfg, 1))
+    try:
+        assert e.kv.window > 0 and e.kv.state_layout == ""
+        evaluate(e, e.tokenize(STORY)[:40], 0, 0)
+        assert e.kv.export_seq(0) is None
+    finally:
+        e.close()
