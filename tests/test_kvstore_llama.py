@@ -9,7 +9,6 @@ directly (no batch loop), one sequence a batch, so both runs see the same splits
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import llama_cpp as L
 import numpy as np
@@ -20,9 +19,7 @@ from runner import config
 from runner.api import Options
 from runner.engines.llamacpp.engine import LlamaEngine
 
-from conftest import SMOLLM2
-
-pytestmark = pytest.mark.skipif(not SMOLLM2 or not SMOLLM2.exists(), reason="SmolLM2 not available")
+from test_gemma3 import gemma3  # noqa: F401  (fetches gemma-3-270m once per session)
 
 NUM_BATCH = 64
 STORY = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
@@ -145,14 +142,10 @@ def test_damaged_or_foreign_state_is_refused_and_leaves_the_slot_empty(engine):
         other.close()
 
 
-GEMMA3 = Path.home() / ".cache" / "pollama-test-models" / "gemma-3-270m-q4_k_m.gguf"  # read before HOME is isolated
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not GEMMA3.exists(), reason="gemma-3-270m not fetched (tests/test_gemma3.py fetches it)")
-def test_a_sliding_window_model_exports_nothing_yet():
+def test_a_sliding_window_model_exports_nothing_yet(gemma3):
     cfg = dataclasses.replace(config.load({}), new_engine=False)
-    info = runner.resolve(str(GEMMA3), cfg).info
+    info = runner.resolve(str(gemma3), cfg).info
     e = LlamaEngine(info, runner.load_options(info, Options().merged({"num_ctx": 1024, "num_thread": 1}), cfg, 1))
     try:
         assert e.kv.window > 0 and e.kv.state_layout == ""

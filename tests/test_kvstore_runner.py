@@ -17,9 +17,6 @@ import runner
 from runner import config
 from runner.api import Message, Options, Request
 
-from conftest import SMOLLM2
-
-pytestmark = pytest.mark.skipif(not SMOLLM2 or not SMOLLM2.exists(), reason="SmolLM2 not available")
 
 GREEDY = dict(temperature=0.0, repeat_penalty=1.0, num_predict=12)
 DOC = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father "
