@@ -156,7 +156,8 @@ def metrics_block(m: Metrics, engine: str) -> str:
         f"total duration:       {go_duration(m.total_duration)}",
         f"load duration:        {go_duration(m.load_duration)}",
         f"prompt eval count:    {m.prompt_tokens} token(s)",
-        f"prompt cache:         {m.prompt_cached_count} token(s)",
+        f"prompt cache:         {m.prompt_cached_count} token(s)"
+        + (f" ({m.prompt_cache_source})" if m.prompt_cached_count and m.prompt_cache_source else ""),
     ]
     if m.prompt_eval_duration > 0:
         # the rate of the work done: tokens taken from the cache cost nothing

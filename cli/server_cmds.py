@@ -183,6 +183,19 @@ def ps() -> None:
     except _StatusError as err:
         raise _fail(str(err))
     print(ps_table(list((data or {}).get("models") or [])))
+    usage = (data or {}).get("prompt_cache")
+    if isinstance(usage, dict):
+        print(prompt_cache_line(usage))
+
+
+def prompt_cache_line(usage: dict[str, Any]) -> str:
+    """The prompt store's use of its bounds, from ``/api/ps``'s ``prompt_cache``."""
+    parts = []
+    for tier, name in (("ram", "RAM"), ("disk", "disk")):
+        limit = int(usage.get(f"{tier}_limit") or 0)
+        parts.append(f"{human_size(int(usage.get(tier) or 0))} of {human_size(limit)} {name}" if limit
+                     else f"{name} off")
+    return "prompt cache: " + ", ".join(parts)
 
 
 @app.command()

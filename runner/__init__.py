@@ -35,8 +35,7 @@ from .api import (
     ServerBusy,
 )
 from .kvstore.key import Fingerprint
-from .kvstore.ram import RamStore
-from .kvstore.store import PromptStore
+from .kvstore.store import PromptStore, Tiers, tiers
 from .loading.plan import LoadOptions, load_options
 from .loading.resolve import ResolvedModel, model_info, resolve
 from .loop.engine import Engine
@@ -46,7 +45,7 @@ from .loop.runner import BatchRunner
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",
     "ModelInfo", "ModelNotFound", "Options", "PollamaError", "PromptTooLong", "Request", "ResolvedModel", "Runner",
-    "ServerBusy", "load", "load_options", "model_info", "resolve",
+    "ServerBusy", "load", "load_options", "model_info", "prompt_tiers", "resolve",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,12 +90,19 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
 
 
 def _prompt_store(engine: Engine, info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> PromptStore | None:
-    """The prompt store for this load (``OLLAMA_CACHE_RAM``; issue 25), None when it is off or
-    the engine cannot export its KV state. One per loaded model for now."""
-    if cfg.cache_ram <= 0 or not engine.kv.state_layout:
+    """The prompt store for this load (issue 25: ``OLLAMA_CACHE_RAM``, ``POLLAMA_CACHE_DIR``,
+    ``POLLAMA_CACHE_DISK``) over the process's tiers; None when both are off or the engine
+    cannot export its KV state."""
+    shared = prompt_tiers(cfg)
+    if not shared.on or not engine.kv.state_layout:
         return None
     fingerprint = Fingerprint.of(engine.name, engine.kv.state_layout, info, plan)
-    return PromptStore(fingerprint, RamStore(cfg.cache_ram_bytes))
+    return PromptStore(fingerprint, shared)
+
+
+def prompt_tiers(cfg: _config.Config) -> Tiers:
+    """The process's prompt store tiers under ``cfg``'s settings (what ``/api/ps`` reports)."""
+    return tiers(cfg.cache_ram_bytes, cfg.cache_dir, cfg.cache_disk_bytes)
 
 
 def _new_engine_runs(info: ModelInfo) -> bool:

@@ -337,7 +337,9 @@ class Metrics:
     """Counts and durations of one request. Durations are nanoseconds (Ollama's wire format).
 
     ``prompt_eval_count`` counts the prompt tokens *evaluated* by this request; the tokens reused
-    from the slot cache are ``prompt_cached_count`` (their sum is the prompt length).
+    from the slot cache or restored from the prompt store are ``prompt_cached_count`` (their sum is
+    the prompt length), and ``prompt_cache_source`` says from where: ``"slot"``, ``"ram"`` or
+    ``"disk"`` ("" when none were).
 
     Each field has one owner: the runner fills the counts and the eval durations; the caller (the
     CLI, the server) fills ``load_duration`` (the load this request waited for, if any) and
@@ -346,6 +348,7 @@ class Metrics:
 
     prompt_eval_count: int = 0
     prompt_cached_count: int = 0
+    prompt_cache_source: str = ""
     prompt_eval_duration: int = 0
     eval_count: int = 0
     eval_duration: int = 0

@@ -26,6 +26,11 @@ DEFAULT_PULL_STALL_TIMEOUT = 60.0  # seconds a pull may go without progress (run
 # to hold the rest. Off (0) by default until the slot cache's use of it has passed the whole suite.
 CACHE_RAM_ON = 1024
 DEFAULT_CACHE_RAM = 0
+# POLLAMA_CACHE_DISK, MiB of disk for saved prompt states (runner.kvstore.disk), under
+# POLLAMA_CACHE_DIR (~/.pollama/cache). 8 GiB: a laptop's disk spares it easily, and it holds
+# ~180 conversations of 2k tokens of SmolLM2 (45 MiB each), ~20 of an 8k-token 1B model.
+DEFAULT_CACHE_DISK = 8192
+DEFAULT_CACHE_DIR = "~/.pollama/cache"  # POLLAMA_CACHE_DIR (read at each load: the tests point it elsewhere)
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,16 @@ class Config:
     # POLLAMA_PULL_STALL_TIMEOUT: a pull fails when less than 1 KiB arrives in this many seconds
     pull_stall_timeout: float = DEFAULT_PULL_STALL_TIMEOUT
     cache_ram: int = DEFAULT_CACHE_RAM  # OLLAMA_CACHE_RAM: MiB for saved prompt states; 0: off
+    cache_dir: Path = Path("~/.pollama/cache")  # POLLAMA_CACHE_DIR: the prompt store's disk tier
+    cache_disk: int = DEFAULT_CACHE_DISK  # POLLAMA_CACHE_DISK: MiB on disk for saved prompt states; 0: off
 
     @property
     def cache_ram_bytes(self) -> int:
         return self.cache_ram * 2**20
+
+    @property
+    def cache_disk_bytes(self) -> int:
+        return self.cache_disk * 2**20
 
     @property
     def base_url(self) -> str:
@@ -223,4 +234,6 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         pipeline=parse_bool(_clean(env, "POLLAMA_PIPELINE")),
         pull_stall_timeout=_positive_duration(env, "POLLAMA_PULL_STALL_TIMEOUT", DEFAULT_PULL_STALL_TIMEOUT),
         cache_ram=_uint(env, "OLLAMA_CACHE_RAM", DEFAULT_CACHE_RAM),
+        cache_dir=Path(_clean(env, "POLLAMA_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser(),
+        cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
     )

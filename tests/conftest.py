@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,13 +27,24 @@ SMOLLM2 = default_model_path()
 # Engines every behaviour test runs on. The new engine joins once it runs these models.
 ENGINES = ["old", "new"]
 
+# The prompt store's disk tier of in-process runners (config.load({}) reads no environment, and a
+# module's fixtures load before a test's HOME is swapped): a folder of this session's, never ~.
+_CACHE_ROOT = Path(tempfile.mkdtemp(prefix="pollama-test-kv-"))
+atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
+config.DEFAULT_CACHE_DIR = str(_CACHE_ROOT / "default")
+
+
+def fresh_cache_dir() -> Path:
+    """A new, empty prompt cache folder (one per load, so no test restores another's prompts)."""
+    return Path(tempfile.mkdtemp(dir=_CACHE_ROOT))
+
 
 def load(model: str | os.PathLike | None, engine: str = "old", *, num_parallel: int = 1,
          multiuser: bool = False, pipeline: bool = False, **options):
     """Load a real model on one engine with test-friendly options (temperature 0 unless given);
     ``pipeline``: decode on a compute thread, the next batch built meanwhile."""
     cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), multiuser_cache=multiuser,
-                              pipeline=pipeline)
+                              pipeline=pipeline, cache_dir=fresh_cache_dir())
     options.setdefault("num_ctx", 2048)
     resolved = runner.resolve(None if model is None else str(model), cfg)
     r = runner.load(resolved, Options().merged(options), cfg, num_parallel=num_parallel)

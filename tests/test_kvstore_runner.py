@@ -27,7 +27,8 @@ OTHER = ("A recipe for bread: flour, water, salt and yeast, kneaded for ten minu
 
 def load_old(cache_ram: int, pipeline: bool = False):
     # one thread each: two runners' llama.cpp threads spinning against each other on 2 cores took 45 s
-    cfg = dataclasses.replace(config.load({}), new_engine=False, cache_ram=cache_ram, pipeline=pipeline)
+    cfg = dataclasses.replace(config.load({}), new_engine=False, cache_ram=cache_ram, pipeline=pipeline,
+                              cache_disk=0)  # RAM only here (the disk tier: tests/test_kvstore_disk.py)
     r = runner.load(runner.resolve(None, cfg), Options().merged({"num_ctx": 2048, "num_thread": 1}), cfg,
                     num_parallel=1)
     assert r.engine == "old"

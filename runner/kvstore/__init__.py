@@ -2,9 +2,13 @@
 
 - :mod:`.key`: the model :class:`~.key.Fingerprint` and :func:`~.key.chain`, the block hashes
   a state is filed and found under (exact to the input at its end);
-- :mod:`.ram`: :class:`~.ram.RamStore`, the host-memory tier, bounded by ``OLLAMA_CACHE_RAM``.
+- :mod:`.ram`: :class:`~.ram.RamStore`, the host-memory tier, bounded by ``OLLAMA_CACHE_RAM``;
+- :mod:`.disk`: :class:`~.disk.DiskStore`, the disk tier (``POLLAMA_CACHE_DIR``, bounded by
+  ``POLLAMA_CACHE_DISK``), files written off the loop, checked whole before a restore;
+- :mod:`.store`: the process's :class:`~.store.Tiers` and a load's :class:`~.store.PromptStore`.
 
 The engines export and import a sequence's state through :class:`runner.loop.slots.KvOps`
-(``export_seq``/``import_seq``). This package imports nothing else of ``runner``'s: the loop will
-hold a store, so the store must not reach back into the loop.
+(``export_seq``/``import_seq``). Of ``runner`` this package uses only the checked paths of
+:mod:`runner.store` (layout, atomic writes): the loop holds a store, so the store must not reach
+back into the loop.
 """

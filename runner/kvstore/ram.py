@@ -22,7 +22,7 @@ import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .key import DIGEST, Chain
 
@@ -72,8 +72,12 @@ class Hit:
 class RamStore:
     """A byte-bounded LRU of saved sequence states (see the module doc)."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = max(0, int(limit))  # bytes; 0: off, nothing is kept
+    def __init__(self, limit: int, dropped: Callable[[Entry], None] | None = None) -> None:
+        """``limit``: bytes (0: off, nothing is kept); ``dropped``: called with each entry
+        :meth:`put` lets go (evicted, or extended by the new one), outside the lock (the disk
+        tier removes its file)."""
+        self.limit = max(0, int(limit))
+        self._dropped = dropped
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()  # least recently used first
         self._index: dict[bytes, set[bytes]] = {}  # block prefix key -> keys of entries holding it
         self._used = 0
@@ -94,25 +98,34 @@ class RamStore:
         already held only marks it used."""
         if chain.n == 0:
             return False
-        cost = nbytes + DIGEST * (len(chain.prefixes) + 1) + INPUT_BYTES * chain.n + ENTRY_OVERHEAD
+        cost = self.cost(chain, nbytes)
         if cost > self.limit:
             return False
         key = chain.key()
+        gone: list[Entry] = []
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return True
             for old in [e for e in self._entries.values() if e.n < chain.n and chain.key_at(e.n) == e.key]:
-                self._remove(old.key)  # the new state extends it
+                gone.append(self._remove(old.key))  # the new state extends it
             while self._used + cost > self.limit:
-                self._remove(next(iter(self._entries)))
+                gone.append(self._remove(next(iter(self._entries))))
             entry = Entry(n=chain.n, key=key, inputs=tuple(_bare(x) for x in chain.inputs), prefixes=chain.prefixes,
                           state=state, nbytes=cost)
             self._entries[key] = entry
             for prefix in entry.prefixes:
                 self._index.setdefault(prefix, set()).add(key)
             self._used += cost
-            return True
+        if self._dropped is not None:
+            for old_entry in gone:
+                self._dropped(old_entry)
+        return True
+
+    @staticmethod
+    def cost(chain: Chain, nbytes: int) -> int:
+        """What an entry of ``chain`` with a state of ``nbytes`` counts against the bound."""
+        return nbytes + DIGEST * (len(chain.prefixes) + 1) + INPUT_BYTES * chain.n + ENTRY_OVERHEAD
 
     def lookup(self, chain: Chain) -> Hit | None:
         """The entry sharing the longest prefix with ``chain``'s inputs, or None when none shares

@@ -1,19 +1,28 @@
-"""The prompt store one loaded model's slot cache uses: its fingerprint over the RAM tier.
+"""The prompt store a loaded model's slot cache uses: its fingerprint over the process's tiers.
 
-:class:`PromptStore` turns input lists into chains under the load's :class:`~.key.Fingerprint`
-and keeps whole sequence states in a :class:`~.ram.RamStore`. The slot cache
-(:class:`runner.loop.slots.InputCache`) calls it on the loop thread: :meth:`PromptStore.save`
-before a slot's contents are lost to another conversation, :meth:`PromptStore.lookup` when a
-prompt arrives. (The disk tier joins here: issue 25.)
+:class:`Tiers` are the process's RAM tier (:class:`~.ram.RamStore`, ``OLLAMA_CACHE_RAM``) and disk
+tier (:class:`~.disk.DiskStore`, ``POLLAMA_CACHE_DIR``/``POLLAMA_CACHE_DISK``): one of each per
+process (:func:`tiers`), whatever the models loaded, so the bounds hold for all of them together.
+Every key chains from a model's fingerprint, so models share the tiers but never a state.
+
+:class:`PromptStore` is one load's view: it turns input lists into chains under the load's
+:class:`~.key.Fingerprint`. The slot cache (:class:`runner.loop.slots.InputCache`) calls it on
+the loop thread: :meth:`PromptStore.save` before a slot's contents are lost (another conversation
+takes the slot, the model unloads), :meth:`PromptStore.lookup` when a prompt arrives. A save goes
+to RAM at once and to disk later (the writer thread); a lookup takes the longer of the two tiers'
+matches, RAM on a tie (no read).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
+from .disk import DiskStore
 from .key import BLOCK, Fingerprint, chain
-from .ram import Entry, RamStore
+from .ram import RamStore
 
 MIN_INPUTS = BLOCK  # states shorter than one block are not worth keeping: they recompute in a blink
 
@@ -26,48 +35,119 @@ class Found:
     state_n: int  # inputs the stored state holds; the slot cuts the rest after the import
     state: Any  # what the engine's ``export_seq`` gave
     key: bytes  # for :meth:`PromptStore.forget`
+    source: str  # "ram" or "disk"
+
+
+class Tiers:
+    """The RAM and disk tiers of one process (either may be off: a limit of 0)."""
+
+    def __init__(self, ram: RamStore, disk: DiskStore | None = None) -> None:
+        self.ram = ram
+        self.disk = disk if disk is not None and disk.limit > 0 else None
+
+    @property
+    def on(self) -> bool:
+        return self.ram.limit > 0 or self.disk is not None
+
+    def usage(self) -> dict[str, int]:
+        """Bytes used and allowed per tier (``/api/ps``, ``pollama ps``)."""
+        disk = self.disk
+        if disk is not None:
+            disk.refresh()  # files written by an earlier run or another server count too
+        return {"ram": self.ram.used, "ram_limit": self.ram.limit,
+                "disk": disk.used if disk else 0, "disk_limit": disk.limit if disk else 0}
+
+
+_shared: tuple[tuple[int, str, int], Tiers] | None = None
+_shared_lock = threading.Lock()
+
+
+def tiers(ram_bytes: int, folder: Path, disk_bytes: int) -> Tiers:
+    """The process's tiers for these settings: the same object for every load while they stay
+    the same (a server, a ``pollama run``), new ones when they change (tests with another home)."""
+    global _shared
+    settings = (int(ram_bytes), str(folder), int(disk_bytes))
+    with _shared_lock:
+        if _shared is None or _shared[0] != settings:
+            disk = DiskStore(folder, disk_bytes, BLOCK) if disk_bytes > 0 else None
+            _shared = (settings, Tiers(RamStore(ram_bytes), disk))
+        return _shared[1]
 
 
 class PromptStore:
-    def __init__(self, fingerprint: Fingerprint, ram: RamStore, block: int = BLOCK) -> None:
+    def __init__(self, fingerprint: Fingerprint, ram: RamStore | Tiers, block: int = BLOCK) -> None:
+        """``ram``: the tiers to use (a bare RAM store: RAM only)."""
         self.fingerprint = fingerprint
-        self.ram = ram
+        self.tiers = ram if isinstance(ram, Tiers) else Tiers(ram)
         self.block = block
         self._root = fingerprint.digest
 
+    @property
+    def ram(self) -> RamStore:
+        return self.tiers.ram
+
     def holds(self, inputs: Sequence[Any]) -> bool:
-        """Whether the state of exactly ``inputs`` is stored (saving it again would be a no-op)."""
-        return self.ram.get(chain(self._root, inputs, self.block).key()) is not None
+        """Whether the state of exactly ``inputs`` is stored in RAM (and on disk, when that tier
+        is on): saving it again would be a no-op."""
+        key = chain(self._root, inputs, self.block).key()
+        in_ram = self.tiers.ram.limit <= 0 or self.tiers.ram.get(key) is not None
+        disk = self.tiers.disk
+        return in_ram and (disk is None or disk.holds(key))
 
     def wants(self, inputs: Sequence[Any]) -> bool:
         """Whether saving the state of ``inputs`` would keep anything new (the caller exports
         only then: an export copies the whole sequence)."""
-        return len(inputs) >= MIN_INPUTS and self.ram.limit > 0 and not self.holds(inputs)
+        return len(inputs) >= MIN_INPUTS and self.tiers.on and not self.holds(inputs)
 
     def save(self, inputs: Sequence[Any], state: Any) -> bool:
-        """Keep ``state``, the KV state of exactly ``inputs`` (``len(state)`` bytes). False when
-        nothing was kept (too short, the store is off or the state exceeds its bound)."""
+        """Keep ``state``, the KV state of exactly ``inputs`` (``len(state)`` bytes): in RAM now,
+        on disk soon. False when nothing was kept (too short, the tiers are off, or the state
+        exceeds their bounds)."""
         if len(inputs) < MIN_INPUTS:
             return False
-        return self.ram.put(chain(self._root, inputs, self.block), state, len(state))
+        found = chain(self._root, inputs, self.block)
+        kept = self.tiers.ram.put(found, state, len(state))
+        disk = self.tiers.disk
+        if disk is not None and not disk.holds(found.key()):
+            kept = disk.save_later(found, state) or kept
+        return kept
 
     def lookup(self, prompt: Sequence[Any]) -> Found | None:
         """The stored state serving the longest prefix of ``prompt``; None when none does.
-        Marks it recently used."""
+        Marks it recently used. A disk hit reads its file here (a damaged one is a miss)."""
         if len(prompt) == 0:
             return None
-        hit = self.ram.lookup(chain(self._root, prompt, self.block))
+        wanted = chain(self._root, prompt, self.block)
+        hit = self.tiers.ram.lookup(wanted)
+        disk = self.tiers.disk
+        if disk is not None:
+            on_disk = disk.lookup(wanted)
+            if on_disk is not None and (hit is None or on_disk.n > hit.n):
+                state = disk.read(on_disk.entry)
+                if state is not None:
+                    return Found(n=on_disk.n, state_n=on_disk.entry.n, state=state, key=on_disk.entry.key,
+                                 source="disk")
         if hit is None:
             return None
-        entry: Entry | None = self.ram.get(hit.entry.key)
+        entry = self.tiers.ram.get(hit.entry.key)
         if entry is None:
             return None
-        return Found(n=hit.n, state_n=entry.n, state=entry.state, key=entry.key)
+        return Found(n=hit.n, state_n=entry.n, state=entry.state, key=entry.key, source="ram")
 
-    def forget(self, found: Found) -> None:
-        """Drop a state: imported into a slot (which holds it now), or refused by the engine."""
-        self.ram.take(found.key)
+    def forget(self, found: Found, refused: bool = False) -> None:
+        """``found`` was imported into a slot, which holds it now: a RAM state leaves RAM (the
+        slot saves it again when it loses it), a file stays. ``refused``: the engine would not
+        take it; it goes from every tier."""
+        self.tiers.ram.take(found.key)
+        disk = self.tiers.disk
+        if refused and disk is not None:
+            disk.forget(found.key)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the disk writes queued so far (at an unload, before the process may exit)."""
+        disk = self.tiers.disk
+        return True if disk is None else disk.flush(timeout)
 
     @property
     def used(self) -> int:
-        return self.ram.used
+        return self.tiers.ram.used

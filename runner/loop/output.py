@@ -51,7 +51,8 @@ class Output:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     stopped_by: bytes | None = None  # the stop sequence that ended the output, once one has
     announced: bool = False  # a chunk with the prompt's counts was sent (the first one)
-    cached: int = 0  # prompt tokens found in the slot
+    cached: int = 0  # prompt tokens found in the slot or restored from the prompt store
+    cached_from: str = ""  # "slot", "ram", "disk" ("" when none were)
     evaluated: int = 0  # prompt tokens evaluated
     t_start: int = 0
     t_first: int = 0
@@ -61,9 +62,12 @@ class Output:
     def wants_logprobs(self) -> bool:
         return self.top_logprobs is not None
 
-    def started(self, cached: int, evaluated: int) -> None:
-        """The sequence took a slot holding ``cached`` prompt tokens; ``evaluated`` remain."""
-        self.cached, self.evaluated, self.t_start = cached, evaluated, _now()
+    def started(self, cached: int, evaluated: int, cached_from: str = "", since: int = 0) -> None:
+        """The sequence took a slot holding ``cached`` prompt tokens (from ``cached_from``);
+        ``evaluated`` remain. ``since``: when it began to claim the slot (a restore from the
+        prompt store is prompt time too); now when 0."""
+        self.cached, self.evaluated, self.cached_from = cached, evaluated, cached_from
+        self.t_start = since or _now()
 
     def token(self, token: int, piece: bytes, eog: bool, logprob: TokenLogprob | None = None) -> Verdict:
         """Take one sampled ``token`` (its bytes ``piece``; ``eog``: it ends generation;
@@ -118,7 +122,8 @@ class Output:
         if chunk.text or chunk.thinking or chunk.tool_calls or chunk.logprobs or self.reply is None:
             if not self.announced:  # the first chunk says how big the prompt is (runner.api.Chunk)
                 self.announced = True
-                chunk.metrics = Metrics(prompt_eval_count=self.evaluated, prompt_cached_count=self.cached)
+                chunk.metrics = Metrics(prompt_eval_count=self.evaluated, prompt_cached_count=self.cached,
+                                        prompt_cache_source=self.cached_from)
             self.sink.put(chunk)
 
     def metrics(self) -> Metrics:
@@ -127,6 +132,7 @@ class Output:
         return Metrics(
             prompt_eval_count=self.evaluated,
             prompt_cached_count=self.cached,
+            prompt_cache_source=self.cached_from,
             prompt_eval_duration=max(first - self.t_start, 0) if self.t_start else 0,
             eval_count=self.num_predicted,
             eval_duration=max(end - first, 0),

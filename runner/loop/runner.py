@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -211,9 +212,24 @@ class BatchRunner:
         self._waiting.clear()
         self._seqs = [None] * self.num_parallel
         self._ahead = None
+        self._save_slots()
         self.prompter.close()
         self.decoder.close()
         self.model_engine.close()
+
+    def _save_slots(self) -> None:
+        """At an unload: the slots' conversations go to the prompt store (and, with a disk tier,
+        reach the disk before the engine goes), so they outlive the model and the process."""
+        store = self.cache.store
+        if store is None:
+            return
+        try:
+            self.decoder.close()  # no decode may still be writing the KV cache
+            self.cache.save_all()
+            if not store.flush(timeout=60.0):
+                log.warning("prompt cache: the disk writes took over 60 s; some states were not kept")
+        except Exception:  # an unload must finish: a lost cache entry is only a slower next turn
+            log.exception("prompt cache: saving the slots at unload failed")
 
     # ------------------------------------------------------------------------ sequences
     def _enqueue(self, seq: Sequence | EmbedJob) -> None:
@@ -287,9 +303,11 @@ class BatchRunner:
                 log.debug("cannot start sequence: %s", err)
                 seq.output.put(err if isinstance(err, PollamaError) else LoadError(str(err)))
                 continue
+            since = time.perf_counter_ns()
             slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=seq.request.cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
-            seq.output.started(cached=len(seq.prompt) - len(remaining), evaluated=len(remaining))
+            seq.output.started(cached=len(seq.prompt) - len(remaining), evaluated=len(remaining),
+                               cached_from=slot.cached_from, since=since)
             self._seqs[i] = seq
             log.debug("slot %d: prompt %d tokens, cached %d, evaluating %d",
                       slot.id, len(seq.prompt), len(seq.prompt) - len(remaining), len(remaining))

@@ -112,6 +112,7 @@ class Slot:
     inputs: list[Input] = field(default_factory=list)  # inputs held in the KV cache, positions 0..n-1
     in_use: bool = False
     last_used: float = 0.0  # time.monotonic(); 0 = never used
+    cached_from: str = ""  # where the last claim's cached prefix came from: "slot", "ram", "disk"; "" none
 
 
 def count_common_prefix(a: Sequence[Input], b: Sequence[Input]) -> int:
@@ -215,8 +216,9 @@ class InputCache:
             slot, num_past = self.find_longest_slot(prompt)
         slot.in_use = True
         slot.last_used = time.monotonic()
+        source = "slot"
         if self.store is not None and cache_prompt:
-            num_past = self._restore(slot, prompt, num_past)
+            num_past, source = self._restore(slot, prompt, num_past)
         elif self.store is not None:
             self._save(slot)  # a scratch job (embeddings) is taking it
         if num_past == len(prompt) and num_past > 0:
@@ -228,7 +230,15 @@ class InputCache:
             self.kv.seq_rm(slot.id, 0, None)  # no partial erasure: start the slot over
             num_past = 0
         slot.inputs = list(prompt[:num_past])
+        slot.cached_from = source if num_past > 0 else ""
         return slot, list(prompt[num_past:])
+
+    def save_all(self) -> None:
+        """Put what every slot holds in the store (the model is unloading; with a disk tier,
+        conversations survive the process). The caller waits for the disk with the store's
+        ``flush``."""
+        for slot in self.slots:
+            self._save(slot)
 
     # ------------------------------------------------------------------------- prompt store
     def _save(self, slot: Slot) -> None:
@@ -239,8 +249,9 @@ class InputCache:
         if state is not None and self.store.save(slot.inputs, state):
             log.debug("prompt cache: saved slot %d (%d inputs, %d bytes)", slot.id, len(slot.inputs), len(state))
 
-    def _restore(self, slot: Slot, prompt: list[Input], num_past: int) -> int:
-        """How much of ``prompt`` ``slot`` holds once the store had its say: a stored state that
+    def _restore(self, slot: Slot, prompt: list[Input], num_past: int) -> tuple[int, str]:
+        """How much of ``prompt`` ``slot`` holds once the store had its say, and where it came
+        from ("slot", or the tier: "ram", "disk"): a stored state that
         serves more than the slot's ``num_past`` inputs replaces the slot's contents (saved first
         when the slot would lose most of them: another conversation takes it, as llama-server
         saves a slot whose prompt keeps less than half of it). A restored state leaves the store
@@ -251,18 +262,18 @@ class InputCache:
         if num_past < len(slot.inputs) / 2 or better:
             self._save(slot)
         if not better:
-            return num_past
+            return num_past, "slot"
         assert found is not None
         if not self.kv.import_seq(slot.id, found.state):
             log.warning("prompt cache: slot %d refused a stored state of %d inputs; evaluating the prompt",
                         slot.id, found.state_n)
-            self.store.forget(found)
+            self.store.forget(found, refused=True)
             slot.inputs = []
-            return 0
+            return 0, ""
         self.store.forget(found)  # it lives in the slot now, saved again when the slot is lost
-        log.debug("prompt cache: %d input(s) (ram) into slot %d", found.n, slot.id)
+        log.debug("prompt cache: %d input(s) (%s) into slot %d", found.n, found.source, slot.id)
         slot.inputs = list(prompt[: found.n])  # the import holds state_n positions: cut below
-        return found.n
+        return found.n, found.source
 
     def release(self, slot: Slot) -> None:
         slot.in_use = False

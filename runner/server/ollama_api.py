@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request as HTTPRequest
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from runner import store
+from runner import prompt_tiers, store
 from runner.version import OLLAMA_API_VERSION, pollama_version
 from runner.api import Chunk, Image, InvalidRequest, Message, Request, TokenLogprob
 from runner.images import image_from_base64
@@ -374,7 +374,11 @@ async def show(body: ShowBody, svc: Service = Depends(service)) -> dict[str, Any
 async def ps(svc: Service = Depends(service)) -> dict[str, Any]:
     loaded = sorted(svc.scheduler.loaded.values(), key=lambda m: m.name)
     # off the event loop: a model loaded by path is hashed (once) for its digest
-    return {"models": await asyncio.to_thread(lambda: [_models.ps_entry(m) for m in loaded])}
+    def listing() -> dict[str, Any]:
+        # beyond Ollama: the prompt store's use of its bounds (issue 25), bytes per tier
+        return {"models": [_models.ps_entry(m) for m in loaded], "prompt_cache": prompt_tiers(svc.cfg).usage()}
+
+    return await asyncio.to_thread(listing)
 
 
 @router.delete("/api/delete")

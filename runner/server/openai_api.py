@@ -227,6 +227,25 @@ def usage(chunk: Chunk) -> dict[str, Any]:
     }
 
 
+def timings(chunk: Chunk) -> dict[str, Any]:
+    """llama-server's ``timings`` object (its speed-bench and similar tools read it): tokens from
+    the cache (slot or prompt store), tokens evaluated and generated, and their milliseconds."""
+    m = chunk.metrics
+    assert m is not None
+    prompt_ms, predicted_ms = m.prompt_eval_duration / 1e6, m.eval_duration / 1e6
+    return {
+        "cache_n": m.prompt_cached_count,
+        "prompt_n": m.prompt_eval_count,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / m.prompt_eval_count if m.prompt_eval_count else 0.0,
+        "prompt_per_second": m.prompt_eval_count / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+        "predicted_n": m.eval_count,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / m.eval_count if m.eval_count else 0.0,
+        "predicted_per_second": m.eval_count / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+    }
+
+
 def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
     return {"content": [
         {"token": lp.token, "logprob": lp.logprob, "bytes": lp.bytes,
@@ -301,7 +320,9 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
                 started = True
                 if chunk.done:
                     reason = finish_reason(chunk, called)
-                    yield sse(envelope([delta({}, reason)]))
+                    last = envelope([delta({}, reason)])
+                    last["timings"] = timings(chunk)  # llama-server's place: the chunk that finishes
+                    yield sse(last)
                     if include_usage:
                         body = envelope([])
                         body["usage"] = usage(chunk)
@@ -325,6 +346,7 @@ def _openai_response(svc: Service, *, model: str, request: Request, options: dic
             body = envelope([choice(reply.text, finish_reason(reply.final, bool(reply.tool_calls)), reply.logprobs,
                                     reply.thinking, reply.tool_calls)])
             body["usage"] = usage(reply.final)
+            body["timings"] = timings(reply.final)
             yield dumps(body)
 
     return RunnerResponse(events if stream else single, SSE if stream else JSON, on_close=request.cancel.set)

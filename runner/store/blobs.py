@@ -16,7 +16,7 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from ..model import ggufmeta
 from ..api import InvalidRequest
@@ -69,13 +69,15 @@ def create_temporary(layout: Layout, folder: Path, kind: str) -> tuple[int, Path
     raise AssertionError("unreachable")
 
 
-def write_atomic(layout: Layout, path: Path, data: bytes) -> None:
-    """Replace ``path`` (a store path) with ``data``, all or nothing."""
+def write_atomic(layout: Layout, path: Path, data: bytes | Iterable[bytes | bytearray | memoryview]) -> None:
+    """Replace ``path`` (a store path) with ``data`` (bytes, or pieces written in turn), all or
+    nothing: readers see the old file or the whole new one, never a part."""
     path = layout.recheck(path)
     fd, tmp = create_temporary(layout, path.parent, "tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for piece in [data] if isinstance(data, bytes) else data:
+                fh.write(piece)
         os.chmod(tmp, 0o644)
         os.replace(tmp, layout.recheck(path))
     except BaseException:

@@ -43,8 +43,11 @@ def digest_hex(digest: str) -> str | None:
 
 
 class Layout:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, what: str = "model store") -> None:
+        """``root``: the folder every path stays in; ``what``: its name in errors (the prompt
+        store's disk tier checks its paths with a layout of its own)."""
         self.root = Path(root).expanduser()
+        self.what = what
 
     def inside(self, *parts: str) -> Path:
         """``root/parts...``, proven to stay inside the store.
@@ -56,12 +59,12 @@ class Layout:
         for part in parts:
             if (not isinstance(part, str) or part in ("", ".", "..") or "/" in part
                     or os.sep in part or "\x00" in part):
-                raise OutsideStore(f"invalid store path component {part!r}")
+                raise OutsideStore(f"invalid {self.what} path component {part!r}")
         root = self.root.resolve()
         path = root.joinpath(*parts)
         real = path.resolve()
         if real != root and root not in real.parents:
-            raise OutsideStore(f"{'/'.join(parts)} lies outside the model store")
+            raise OutsideStore(f"{'/'.join(parts)} lies outside the {self.what}")
         return path
 
     def recheck(self, path: Path) -> Path:
@@ -69,7 +72,7 @@ class Layout:
         try:
             parts = Path(path).relative_to(self.root.resolve()).parts
         except ValueError:
-            raise OutsideStore(f"{path} lies outside the model store") from None
+            raise OutsideStore(f"{path} lies outside the {self.what}") from None
         return self.inside(*parts)
 
     @property

@@ -1,0 +1,208 @@
+"""The prompt store's disk tier (issue 25): files that survive a restart, checked whole, bounded.
+
+Unit tests over plain bytes (the tier keeps engine states opaque); the engines' states through it
+are tested in tests/test_kvstore_restart.py.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.kvstore.disk import SUFFIX, DiskStore
+from runner.kvstore.key import Fingerprint, chain
+from runner.kvstore.ram import RamStore
+from runner.kvstore.store import PromptStore, Tiers
+
+FP = Fingerprint(engine="old", engine_version="test", model="m", projector="", kv_cache_type="f16",
+                 flash_attention=False, num_ctx=4096)
+OTHER = Fingerprint(engine="old", engine_version="test", model="other", projector="", kv_cache_type="f16",
+                    flash_attention=False, num_ctx=4096)
+
+
+def tokens(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def state_for(inputs: list[int]) -> bytes:
+    """A stand-in engine state that names its inputs (so a wrong restore shows)."""
+    return b"".join(t.to_bytes(4, "little") for t in inputs) * 8
+
+
+def store_on(folder: Path, disk_mib: float = 64, ram: int = 0, fp: Fingerprint = FP) -> PromptStore:
+    return PromptStore(fp, Tiers(RamStore(ram), DiskStore(folder, int(disk_mib * 2**20), 16)))
+
+
+def files(folder: Path) -> list[Path]:
+    kv = folder / "kv"
+    return sorted(p for p in kv.iterdir() if p.name.endswith(SUFFIX)) if kv.is_dir() else []
+
+
+def test_a_saved_state_is_found_after_a_restart(tmp_path):
+    a = store_on(tmp_path)
+    conv = tokens(100)
+    assert a.save(conv, state_for(conv))
+    assert a.flush(10)
+    b = store_on(tmp_path)  # another process: nothing in memory, the folder only
+    found = b.lookup(conv + [7, 8, 9])
+    assert found is not None and found.source == "disk"
+    assert (found.n, found.state_n, bytes(found.state)) == (100, 100, state_for(conv))
+    shorter = b.lookup(conv[:50] + [999])  # shares 50 inputs: served to the input, cut by the slot
+    assert shorter is not None and shorter.n == 50 and shorter.state_n == 100
+    assert b.lookup([999] + conv) is None
+    assert store_on(tmp_path, fp=OTHER).lookup(conv) is None  # another model never reads it
+
+
+def test_ram_wins_a_tie_and_disk_serves_what_ram_lost(tmp_path):
+    s = store_on(tmp_path, ram=1 << 20)
+    conv = tokens(64)
+    s.save(conv, state_for(conv))
+    s.flush(10)
+    found = s.lookup(conv + [1])
+    assert found is not None and found.source == "ram"
+    s.forget(found)  # imported into a slot: RAM lets it go, the file stays
+    again = s.lookup(conv + [1])
+    assert again is not None and again.source == "disk" and bytes(again.state) == state_for(conv)
+
+
+def test_a_longer_state_replaces_the_file_it_extends(tmp_path):
+    s = store_on(tmp_path)
+    turn1 = tokens(40)
+    turn2 = turn1 + tokens(30, 500)
+    s.save(turn1, state_for(turn1))
+    s.flush(10)
+    s.save(turn2, state_for(turn2))
+    s.flush(10)
+    assert len(files(tmp_path)) == 1
+    found = store_on(tmp_path).lookup(turn1 + [3])
+    assert found is not None and found.n == 40 and found.state_n == 70
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "rename", "version"])
+def test_damaged_files_are_ignored_and_removed(tmp_path, damage):
+    s = store_on(tmp_path)
+    conv = tokens(48)
+    s.save(conv, state_for(conv))
+    s.flush(10)
+    (path,) = files(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(data[: len(data) - 100])
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0x40  # inside the state: only the checksum sees it
+        path.write_bytes(data)
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "rename":  # a whole, valid file under another state's name: foreign
+        path.rename(path.with_name("ab" * 32 + SUFFIX))
+        path = path.with_name("ab" * 32 + SUFFIX)
+    elif damage == "version":
+        data[4] = 99
+        path.write_bytes(data)
+    fresh = store_on(tmp_path)
+    assert fresh.lookup(conv + [1]) is None
+    assert not path.exists()
+    assert files(tmp_path) == []
+
+
+def test_the_disk_bound_holds_under_a_stream_of_conversations(tmp_path):
+    limit_mib = 0.25
+    s = store_on(tmp_path, disk_mib=limit_mib)
+    for k in range(40):
+        conv = tokens(200, 10_000 * k)
+        s.save(conv, state_for(conv))  # 6.4 KB each: ~40 fit, the bound keeps fewer
+        s.flush(10)
+        on_disk = sum(p.stat().st_size for p in files(tmp_path))
+        assert on_disk <= limit_mib * 2**20
+        assert s.tiers.disk.used <= limit_mib * 2**20
+    newest = tokens(200, 10_000 * 39)
+    assert s.lookup(newest).n == 200  # the newest survive, the oldest went
+    assert s.lookup(tokens(200, 0)) is None
+    assert 0 < len(files(tmp_path)) < 40
+
+
+def test_a_state_beyond_the_bound_is_not_written(tmp_path):
+    s = store_on(tmp_path, disk_mib=0.01)
+    conv = tokens(2000)
+    assert not s.save(conv, state_for(conv))
+    assert s.flush(10)
+    assert files(tmp_path) == []
+
+
+def test_a_symlinked_folder_out_of_the_cache_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "kv").symlink_to(outside)
+    s = store_on(root)
+    conv = tokens(32)
+    s.save(conv, state_for(conv))
+    s.flush(10)
+    assert list(outside.iterdir()) == []  # nothing written through the link
+    assert s.lookup(conv) is None
+
+
+def _writer(folder: str, worker: int, rounds: int) -> None:
+    s = store_on(Path(folder), disk_mib=0.1)  # ~30 files of 3.3 KB: both evict, each other's too
+    for k in range(rounds):
+        shared = tokens(64)  # both servers save the same conversation, and their own ones
+        s.save(shared, state_for(shared))
+        own = tokens(100, 1000 * (worker * rounds + k + 1))
+        s.save(own, state_for(own))
+        s.lookup(shared + [5])
+    s.flush(30)
+
+
+def test_two_servers_on_one_folder_do_not_corrupt_each_other(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 30)) for w in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    reader = store_on(tmp_path, disk_mib=1)  # larger: reading must not evict
+    reader.tiers.disk.refresh()
+    assert len(reader.tiers.disk) == len(files(tmp_path)) > 0  # every file left is whole and valid
+    assert sum(p.stat().st_size for p in files(tmp_path)) <= 2 * 0.1 * 2**20  # each kept within its bound
+    assert not [p for p in (tmp_path / "kv").iterdir() if p.name.startswith(".")]  # no temporary left
+    for path in files(tmp_path):  # and each reads back whole, the state its inputs say
+        entry = reader.tiers.disk._index.get(bytes.fromhex(path.name[: -len(SUFFIX)]))
+        state = reader.tiers.disk.read(entry)
+        assert state is not None and bytes(state) == state_for(list(entry.inputs))
+
+
+def test_another_servers_new_file_is_found(tmp_path):
+    a, b = store_on(tmp_path), store_on(tmp_path)
+    assert b.lookup(tokens(40)) is None  # b has scanned the (empty) folder
+    conv = tokens(40)
+    a.save(conv, state_for(conv))
+    a.flush(10)
+    found = b.lookup(conv)
+    assert found is not None and found.source == "disk"
+
+
+def test_saves_never_wait_for_the_disk(tmp_path, monkeypatch):
+    from runner.kvstore import disk as disk_mod
+
+    s = store_on(tmp_path)
+    monkeypatch.setattr(disk_mod, "PENDING_LIMIT", 10_000)
+    gate = __import__("threading").Event()
+    real_write = DiskStore.write
+
+    def slow_write(self, chain_, state):
+        gate.wait(10)
+        return real_write(self, chain_, state)
+
+    monkeypatch.setattr(DiskStore, "write", slow_write)
+    first, second = tokens(300), tokens(300, 5000)
+    assert s.save(first, state_for(first))  # queued: the writer waits on the gate
+    assert not s.tiers.disk.save_later(chain(FP, second), state_for(second))  # over the pending bound: dropped
+    assert not s.flush(0.05)
+    gate.set()
+    assert s.flush(10)
+    assert len(files(tmp_path)) == 1
