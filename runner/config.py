@@ -19,13 +19,12 @@ log = logging.getLogger(__name__)
 DEFAULT_PORT = 11434
 DEFAULT_CONTEXT_LENGTH = 4096  # Ollama's tier for < 23 GiB of VRAM, i.e. any CPU machine
 DEFAULT_PULL_STALL_TIMEOUT = 60.0  # seconds a pull may go without progress (runner.store.registry)
-# OLLAMA_CACHE_RAM, MiB of host memory for saved prompt states (runner.kvstore.ram). Meant to be
-# 1 GiB (CACHE_RAM_ON), not llama-server's 8 GiB: an 8 GiB cache got Ollama's runners OOM-killed on
+# OLLAMA_CACHE_RAM, MiB of host memory for saved prompt states (runner.kvstore.ram):
+# 1 GiB, not llama-server's 8 GiB: an 8 GiB cache got Ollama's runners OOM-killed on
 # laptops and pods (ollama#18264, #17351), and 1 GiB still holds ~45k tokens of SmolLM2-135M
-# (22.5 KiB a token), i.e. twenty 2k-token conversations of a small model; the disk tier is meant
-# to hold the rest. Off (0) by default until the slot cache's use of it has passed the whole suite.
-CACHE_RAM_ON = 1024
-DEFAULT_CACHE_RAM = 0
+# (22.5 KiB a token), i.e. twenty 2k-token conversations of a small model; the disk tier
+# holds the rest.
+DEFAULT_CACHE_RAM = 1024
 # POLLAMA_CACHE_DISK, MiB of disk for saved prompt states (runner.kvstore.disk), under
 # POLLAMA_CACHE_DIR (~/.pollama/cache). 8 GiB: a laptop's disk spares it easily, and it holds
 # ~180 conversations of 2k tokens of SmolLM2 (45 MiB each), ~20 of an 8k-token 1B model.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 import pytest
 
@@ -182,12 +183,15 @@ def test_off_keeps_nothing():
     assert store.lookup(chain(FP, tokens(20))) is None and store.used == 0
 
 
-def test_config_cache_ram():
-    assert config.load({}).cache_ram == config.DEFAULT_CACHE_RAM  # 0 until the loop's use is proven
-    assert config.load({"OLLAMA_CACHE_RAM": "1024"}).cache_ram == config.CACHE_RAM_ON
+def test_config_cache_tiers():
+    default = config.load({})
+    assert (default.cache_ram, default.cache_disk) == (1024, 8192)  # MiB: on by default, both tiers
+    assert default.cache_dir == Path(config.DEFAULT_CACHE_DIR).expanduser()
     assert config.load({"OLLAMA_CACHE_RAM": "0"}).cache_ram == 0
     assert config.load({"OLLAMA_CACHE_RAM": "64"}).cache_ram_bytes == 64 << 20
     assert config.load({"OLLAMA_CACHE_RAM": "lots"}).cache_ram == config.DEFAULT_CACHE_RAM
+    assert config.load({"POLLAMA_CACHE_DISK": "0"}).cache_disk_bytes == 0
+    assert config.load({"POLLAMA_CACHE_DIR": "~/elsewhere"}).cache_dir == Path.home() / "elsewhere"
 
 
 def test_new_engine_says_unsupported():

@@ -54,8 +54,8 @@ class Tiers:
         disk = self.disk
         if disk is not None:
             disk.refresh()  # files written by an earlier run or another server count too
-        return {"ram": self.ram.used, "ram_limit": self.ram.limit,
-                "disk": disk.used if disk else 0, "disk_limit": disk.limit if disk else 0}
+            return {"ram": self.ram.used, "ram_limit": self.ram.limit, "disk": disk.used, "disk_limit": disk.limit}
+        return {"ram": self.ram.used, "ram_limit": self.ram.limit, "disk": 0, "disk_limit": 0}
 
 
 _shared: tuple[tuple[int, str, int], Tiers] | None = None

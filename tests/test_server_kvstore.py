@@ -1,0 +1,151 @@
+"""The prompt store through a real ``pollama serve`` (issue 25, "Done when"): one slot, several
+conversations taking turns; a returning one resumes from RAM, after a restart from disk; a shared
+system prompt is served from the store; damaged files are ignored; the bounds hold under a stream
+of distinct conversations; a client leaving mid-restore leaves the server and the store whole.
+
+What the server says is what is checked: ``/v1`` usage ``cached_tokens`` and llama-server's
+``timings`` (``cache_n``), ``/api/chat``'s counts, ``/api/ps``'s ``prompt_cache``. SmolLM2,
+a few tokens per answer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import openai
+import pytest
+
+from serverproc import ServerProcess
+
+MODEL = "smollm2:135m"
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+DOC = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father "
+       "had taught him. There were one hundred and twelve of them, worn smooth by a century of boots. ") * 3
+OTHER = ("A recipe for bread: flour, water, salt and yeast, kneaded for ten minutes, left to rise "
+         "twice, then baked hot until the crust sings when it cools. ") * 3
+
+
+def serve(cache_dir, **env) -> ServerProcess:
+    settings = {"OLLAMA_NUM_PARALLEL": "1", "OLLAMA_CONTEXT_LENGTH": "2048", "POLLAMA_CACHE_DIR": str(cache_dir)}
+    settings.update(env)
+    return ServerProcess(settings).start()
+
+
+def stopped(server: ServerProcess) -> None:
+    assert server.stop() == 0, server.last_log
+    assert "Traceback" not in server.last_log, server.last_log
+
+
+def chat(server: ServerProcess, messages: list[dict], num_predict: int = 6) -> dict:
+    """A non-streamed /v1/chat/completions reply as JSON (usage and timings included)."""
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                   json={"model": MODEL, "messages": messages, "max_tokens": num_predict, **GREEDY})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def cached(reply: dict) -> int:
+    assert reply["timings"]["cache_n"] == reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def conversation(doc: str, question: str) -> list[dict]:
+    return [{"role": "user", "content": f"{question}\n\n{doc}"}]
+
+
+def test_a_returning_conversation_resumes_from_ram_then_from_disk_after_a_restart(tmp_path):
+    a = conversation(DOC, "How many steps were there?")
+    b = conversation(OTHER, "Summarise this recipe.")
+    server = serve(tmp_path)
+    try:
+        first = chat(server, a)
+        assert cached(first) == 0 and first["timings"]["prompt_n"] == first["usage"]["prompt_tokens"] > 100
+        chat(server, b)  # B takes the only slot: A goes to the store
+        a2 = a + [first["choices"][0]["message"], {"role": "user", "content": "Who taught him?"}]
+        back = chat(server, a2)
+        assert cached(back) >= first["usage"]["prompt_tokens"]  # A's whole first turn, restored from RAM
+        assert back["timings"]["prompt_n"] < 30
+        ps = httpx.get(server.url + "/api/ps", timeout=30).json()["prompt_cache"]
+        assert 0 < ps["ram"] <= ps["ram_limit"] == 1024 << 20
+    finally:
+        stopped(server)  # the unload writes the slot (A, two turns) to disk
+
+    server = serve(tmp_path)  # a new process: nothing in memory
+    try:
+        again = chat(server, a2)
+        assert cached(again) == cached(back) + back["timings"]["prompt_n"] - 1  # from disk, all but one input
+        assert again["choices"][0]["message"]["content"] == back["choices"][0]["message"]["content"]
+        # Ollama's API counts it the same way: evaluated + cached = the whole prompt
+        r = httpx.post(server.url + "/api/chat", timeout=120, json={
+            "model": MODEL, "messages": a2, "stream": False, "options": {**GREEDY, "num_predict": 6}})
+        assert r.status_code == 200 and r.json()["prompt_eval_count"] == again["usage"]["prompt_tokens"]
+        ps = httpx.get(server.url + "/api/ps", timeout=30).json()["prompt_cache"]
+        assert 0 < ps["disk"] <= ps["disk_limit"] == 8192 << 20
+    finally:
+        stopped(server)
+
+
+def test_the_official_client_reads_the_cached_tokens(tmp_path):
+    system = {"role": "system", "content": "You answer questions about this text.\n\n" + DOC}
+    server = serve(tmp_path)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        x = client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Who?"}],
+                                           max_tokens=4, temperature=0)
+        chat(server, b := conversation(OTHER, "Summarise this recipe."))  # takes the slot: X to the store
+        y = client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": "Why?"}],
+                                           max_tokens=4, temperature=0)
+        # the system prompt X stored serves Y (a prefix of X's state, cut to what they share)
+        assert y.usage.prompt_tokens_details.cached_tokens > x.usage.prompt_tokens - 10
+        assert y.model_extra["timings"]["cache_n"] == y.usage.prompt_tokens_details.cached_tokens
+        assert b
+    finally:
+        stopped(server)
+
+
+def test_damaged_cache_files_are_ignored(tmp_path):
+    kv = tmp_path / "kv"
+    kv.mkdir()
+    (kv / ("ab" * 32 + ".kv")).write_bytes(b"PKVS" + os.urandom(4000))
+    (kv / ("cd" * 32 + ".kv")).write_bytes(b"")
+    server = serve(tmp_path)
+    try:
+        reply = chat(server, conversation(DOC, "How many steps were there?"))
+        assert cached(reply) == 0
+        assert not (kv / ("ab" * 32 + ".kv")).exists() and not (kv / ("cd" * 32 + ".kv")).exists()
+    finally:
+        stopped(server)
+
+
+def test_bounds_hold_under_a_stream_of_distinct_conversations(tmp_path):
+    # SmolLM2 keeps ~22.5 KiB per token: each conversation of ~150 tokens is ~3.3 MiB
+    server = serve(tmp_path, OLLAMA_CACHE_RAM="8", POLLAMA_CACHE_DISK="12")
+    try:
+        for k in range(8):
+            chat(server, conversation(f"Note {k}: " + DOC[k * 7:], f"Question {k}?"), num_predict=2)
+            ps = httpx.get(server.url + "/api/ps", timeout=30).json()["prompt_cache"]
+            assert ps["ram"] <= ps["ram_limit"] == 8 << 20
+            assert ps["disk"] <= ps["disk_limit"] == 12 << 20
+            on_disk = sum(p.stat().st_size for p in (tmp_path / "kv").glob("*.kv")) if (tmp_path / "kv").exists() else 0
+            assert on_disk <= 12 << 20
+        assert ps["ram"] > 0
+    finally:
+        stopped(server)
+    assert 0 < sum(p.stat().st_size for p in (tmp_path / "kv").glob("*.kv")) <= 12 << 20
+
+
+def test_a_client_leaving_mid_restore(tmp_path):
+    a = conversation(DOC, "How many steps were there?")
+    server = serve(tmp_path)
+    try:
+        first = chat(server, a)
+        chat(server, conversation(OTHER, "Summarise this recipe."))  # A to the store
+        a2 = a + [first["choices"][0]["message"], {"role": "user", "content": "Who taught him?"}]
+        with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120,
+                          json={"model": MODEL, "messages": a2, "max_tokens": 50, "stream": True, **GREEDY}) as r:
+            assert r.status_code == 200  # headers only: the client leaves while A is restored
+        back = chat(server, a2)  # A is whole: in the slot, or in the store again
+        assert cached(back) >= first["usage"]["prompt_tokens"]
+    finally:
+        stopped(server)
