@@ -35,6 +35,7 @@ from runner.kvstore.key import Fingerprint
 from runner.kvstore.ram import RamStore
 from runner.kvstore.store import PromptStore
 from runner.loop.slots import InputCache
+from tests.conftest import fresh_cache_dir
 
 from test_gemma3 import gemma3  # noqa: F401  (fetches gemma-3-270m once per session)
 
@@ -218,8 +219,10 @@ OTHER = ("A recipe for bread: flour, water, salt and yeast, kneaded for ten minu
          "twice, then baked hot until the crust sings when it cools. ") * 4
 
 
-def load_new(cache_ram: int, pipeline: bool = False):
-    cfg = dataclasses.replace(config.load({}), new_engine=True, cache_ram=cache_ram, pipeline=pipeline)
+def load_new(cache_ram: int, pipeline: bool = False, cache_disk: int = 0, cache_dir=None):
+    """SmolLM2 on the new engine, one slot; RAM store only unless ``cache_disk`` (MiB) is given."""
+    cfg = dataclasses.replace(config.load({}), new_engine=True, cache_ram=cache_ram, pipeline=pipeline,
+                              cache_disk=cache_disk, cache_dir=cache_dir or fresh_cache_dir())
     r = runner.load(runner.resolve(None, cfg), Options().merged({"num_ctx": 1024, "num_thread": 1}), cfg,
                     num_parallel=1)
     assert r.engine == "new"
@@ -285,6 +288,27 @@ def test_an_evicted_conversation_resumes_from_ram_exactly(warm, pipeline):
         assert mb2.prompt_cached_count >= mb.prompt_eval_count
     finally:
         stored.close()
+
+
+def test_a_conversation_resumes_from_disk_after_an_unload(warm):
+    """The disk tier on the new engine: a runner that unloads writes its slot's state; the next
+    load of the same model and settings restores it for A's next turn, bit for bit."""
+    (answer, m1, _), (want_text, want, want_lp) = warm
+    folder = fresh_cache_dir()
+    first = load_new(0, cache_disk=64, cache_dir=folder)
+    try:
+        assert turn(first, A)[0] == answer
+    finally:
+        first.close()  # the unload writes the slot to disk before it returns
+    assert list((folder / "kv").glob("*.kv"))
+    second = load_new(0, cache_disk=64, cache_dir=folder)
+    try:
+        got_text, got, got_lp = turn(second, A + [Message("assistant", answer), Message("user", A_NEXT)])
+        assert got.prompt_cache_source == "disk"
+        assert got.prompt_cached_count == want.prompt_cached_count > m1.prompt_eval_count
+        assert (got_text, got_lp) == (want_text, want_lp)  # bitwise
+    finally:
+        second.close()
 
 
 # ------------------------------------------------------------------------- gemma3: sliding window

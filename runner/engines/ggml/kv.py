@@ -5,7 +5,11 @@ Export and import (the prompt store, :mod:`runner.kvstore`) are the cache's own
 the K and V rows as stored, in :mod:`runner.kvcache.snapshot`'s format. A restored sequence goes
 back to the cells it was exported from when they are free (one slot: always), so it continues bit
 for bit like the live one, sliding windows included (gemma3's window cache exports the cells it
-kept; :meth:`CacheKv.can_resume` still decides whether a shorter prefix of it can serve).
+kept; :meth:`CacheKv.can_resume` still decides whether a shorter prefix of it can serve). When
+those cells are taken it goes to the lowest free ones, with its rows unchanged: with flash
+attention still bit for bit; without it GGML's attention sums group the terms by where the cells
+sit, so the logits move in their last bits (amplified by the quantized matmuls after), as a
+recompute into those cells would (measured in ``tests/test_kvstore_ggml.py``).
 """
 
 from __future__ import annotations
