@@ -243,3 +243,111 @@ def test_batch_size_mismatch_is_an_error(backend: Any) -> None:
     finally:
         ctx.close()
         cache.close()
+
+
+# ------------------------------------------------------------------------ export and import
+def history(backend: Any, cache: CausalCache, seq: int, pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """The K and V that a token of ``seq`` at ``pos`` attends to (zeros put for it), in the order
+    of the cells: ``(n, heads, head_dim)`` each; the token itself is the last row."""
+    z = np.zeros((1, KV_HEADS, HEAD_DIM))
+    hk, hv, mask = step(backend, cache, [pos], [seq], z, z)
+    seen = mask[0] == 0
+    return hk[seen], hv[seen]
+
+
+@pytest.mark.parametrize("permuted", [False, True], ids=["v", "permuted_v"])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_export_import_moves_the_rows_exactly(backend: Any, dtype: str, permuted: bool) -> None:
+    rng = np.random.default_rng(5)
+    cache = make_cache(backend, dtype, cells=32, seqs=2, permuted=permuted)
+    k, v = rand_kv(rng, 10)
+    # interleaved: seq 0 at positions 0..4 in cells 0, 2, 4, 6, 8; seq 1 in the others
+    step(backend, cache, [0, 0, 1, 1, 2, 2, 3, 3, 4, 4], [0, 1] * 5, k, v)
+    state = cache.export_seq(0)
+    assert cache.import_seq(1, state)  # seq 0's cells are taken: the lowest free ones
+    assert cache.table is not None
+    assert cache.table.seq_positions(1) == [0, 1, 2, 3, 4] and cache.table.seq_cells(1) == [1, 3, 5, 7, 9]
+    assert cache.export_seq(1)[-4 - 5 * cache.geometry().cell_bytes:-4] == state[-4 - 5 * cache.geometry().cell_bytes:-4]
+    want_k, want_v = history(backend, cache, 0, 5)
+    got_k, got_v = history(backend, cache, 1, 5)
+    np.testing.assert_array_equal(got_k[:5], want_k[:5])
+    np.testing.assert_array_equal(got_v[:5], want_v[:5])
+    stored = np.float16 if dtype == "f16" else np.float32
+    np.testing.assert_array_equal(got_k[:5], k[0::2].astype(stored).astype(np.float32))
+
+    # scattered free cells (permuted V: the element rows between them are read and written back)
+    cache.remove(1, 0, None)
+    cache.remove(0, 3, None)  # seq 0 keeps positions 0..2, in cells 0, 2, 4
+    part = cache.export_seq(0)
+    cache.remove(0, 0, None)
+    step(backend, cache, [0, 1, 2, 3], [1] * 4, *rand_kv(rng, 4))  # seq 1 takes cells 0..3
+    cache.remove(1, 1, 2)  # and frees cell 1
+    assert cache.table.seq_cells(1) == [0, 2, 3]
+    held = cache.export_seq(1)
+    assert cache.import_seq(0, part) and cache.table.seq_cells(0) == [1, 4, 5]  # cell 0 is taken
+    assert cache.export_seq(1) == held  # seq 1's rows between them untouched
+    got_k, got_v = history(backend, cache, 0, 3)
+    np.testing.assert_array_equal(got_k[:3], want_k[:3])
+    np.testing.assert_array_equal(got_v[:3], want_v[:3])
+    cache.close()
+
+
+def test_import_refuses_damaged_foreign_or_oversized_states(backend: Any) -> None:
+    rng = np.random.default_rng(6)
+    cache = make_cache(backend, "f16", cells=16, seqs=2)
+    step(backend, cache, list(range(6)), [0] * 6, *rand_kv(rng, 6))
+    step(backend, cache, [0, 1], [1, 1], *rand_kv(rng, 2))
+    state = cache.export_seq(0)
+    other = cache.export_seq(1)
+    assert cache.table is not None
+
+    def refused(data: Any) -> None:
+        cache.copy_prefix(1, 1, 2)  # (seq 1 keeps what it holds)
+        assert not cache.import_seq(1, data)
+        assert cache.table.seq_cells(1) == [] and cache.table.seq_positions(0) == list(range(6))
+        assert cache.import_seq(1, other)  # seq 1 back for the next case
+
+    refused(state[: len(state) // 2])  # truncated
+    refused(state + b"\0")  # padded
+    refused(b"")
+    for at in (0, 4, 40, len(state) // 2, len(state) - 1):  # magic, version, layer table, rows, crc
+        bad = bytearray(state)
+        bad[at] ^= 0x10
+        refused(bad)
+    f32 = make_cache(backend, "f32", cells=16, seqs=2)
+    step(backend, f32, [0], [0], *rand_kv(rng, 1))
+    refused(f32.export_seq(0))  # another dtype
+    permuted = make_cache(backend, "f16", cells=16, seqs=2, permuted=True)
+    step(backend, permuted, [0], [0], *rand_kv(rng, 1))
+    refused(permuted.export_seq(0))  # another V layout
+    f32.close()
+    permuted.close()
+
+    big = make_cache(backend, "f16", cells=32, seqs=1)
+    step(backend, big, list(range(12)), [0] * 12, *rand_kv(rng, 12))
+    refused(big.export_seq(0))  # 12 rows, 10 free cells (seq 1's own 2 included)
+    big.close()
+    cache.close()
+
+
+def test_wrapper_import_is_all_or_nothing(backend: Any) -> None:
+    from runner.kvcache import WrapperCache
+    from runner.kvcache import snapshot
+
+    rng = np.random.default_rng(7)
+    a, b = make_cache(backend, "f16", seqs=2), make_cache(backend, "f16", seqs=2)
+    for c in (a, b):
+        step(backend, c, [0, 1, 2], [0, 0, 0], *rand_kv(rng, 3))
+    w = WrapperCache(a, b)
+    assert w.state_layout == f"wrapper[{snapshot.FORMAT} f16 v; {snapshot.FORMAT} f16 v]"
+    state = w.export_seq(0)
+    assert w.import_seq(1, state)
+    assert a.table is not None and b.table is not None
+    assert a.table.seq_positions(1) == b.table.seq_positions(1) == [0, 1, 2]
+    bad = bytearray(state)
+    bad[-1] ^= 1  # the second cache's checksum: the first imports, then is emptied again
+    assert not w.import_seq(1, bad)
+    assert a.table.seq_cells(1) == b.table.seq_cells(1) == []
+    assert not a.import_seq(1, state)  # a wrapper's state is not a causal cache's
+    a.close()
+    b.close()

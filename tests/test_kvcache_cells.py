@@ -336,6 +336,45 @@ def test_cache_full_changes_nothing() -> None:
     assert table.start_forward([3], [0]).locs == [3]
 
 
+def test_restore_goes_back_to_its_cells_when_they_are_free() -> None:
+    table = CellTable(8)
+    table.start_forward([0, 1, 2], [0, 0, 0])
+    table.start_forward([0, 1], [1, 1])  # seq 1 in cells 3, 4
+    assert table.restore(1, [5, 6, 7], [5, 6, 7]) == [5, 6, 7]  # what seq 1 held is dropped first
+    assert table.seq_cells(1) == [5, 6, 7] and table.seq_positions(1) == [5, 6, 7]
+    assert table.free_cells == 2
+    # a rotated layout (a sliding window's) comes back as it was: position 9 in cell 3
+    assert table.restore(1, [7, 8, 9], [6, 7, 3]) == [6, 7, 3]
+    assert table.seq_positions(1) == [9, 7, 8]  # in cell order
+    # the next token goes where a live sequence's would: the lowest free cell
+    assert table.start_forward([10], [1]).locs == [4]
+
+
+def test_restore_elsewhere_takes_the_lowest_free_cells_in_position_order() -> None:
+    table = CellTable(8)
+    table.start_forward([0, 1, 2], [0, 0, 0])
+    assert table.restore(1, [0, 1, 2], [0, 1, 2]) == [3, 4, 5]  # seq 0 holds those cells
+    assert table.restore(2, [4, 9], [9, 1]) == [6, 7]  # cell 9 is outside, cell 1 taken
+    assert table.free_cells == 0
+    table.remove(1, 0, None)
+    assert table.restore(2, [0, 1], [4, 4]) == [3, 4]  # a damaged layout (one cell twice) too
+
+
+def test_restore_refuses_what_does_not_fit_and_leaves_the_sequence_empty() -> None:
+    table = CellTable(6)
+    table.start_forward([0, 1, 2], [0, 0, 0])
+    table.start_forward([0], [1])
+    with pytest.raises(KvCacheFull):
+        table.restore(1, [0, 1, 2, 3], [0, 1, 2, 3])  # 3 free cells (seq 1's own included)
+    assert table.sequences == [0] and table.free_cells == 3
+    assert table.seq_positions(0) == [0, 1, 2]
+    with pytest.raises(ValueError, match="ascending"):
+        table.restore(1, [2, 1])
+    with pytest.raises(ValueError, match="cells"):
+        table.restore(1, [1, 2], [4])
+    assert table.restore(0, []) == [] and table.sequences == []  # an empty state empties
+
+
 def test_causal_except_and_set_causal() -> None:
     table = CellTable(8)
     plan = table.start_forward([0, 1, 2, 3], [0] * 4, causal_except=[1, 2])

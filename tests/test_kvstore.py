@@ -194,17 +194,18 @@ def test_config_cache_tiers():
     assert config.load({"POLLAMA_CACHE_DIR": "~/elsewhere"}).cache_dir == Path.home() / "elsewhere"
 
 
-def test_new_engine_says_unsupported():
+def test_a_new_engine_cache_without_export_says_unsupported():
     from runner.engines.ggml.kv import CacheKv
 
-    class FakeCache:
+    class FakeCache:  # a cache that cannot export (our causal and wrapper caches can)
+        state_layout = ""
         removed: list = []
 
         def remove(self, seq, begin, end):
             self.removed.append((seq, begin, end))
 
     kv = CacheKv(FakeCache())
-    assert kv.export_seq(0) is None
+    assert kv.state_layout == "" and kv.export_seq(0) is None  # so the runner builds no store
     assert not kv.import_seq(1, b"state") and kv.cache.removed == [(1, 0, None)]  # the slot is left empty
 
 

@@ -4,7 +4,8 @@
   ``CacheConfig``, is the tensor layer's: :mod:`runner.ml`);
 - :mod:`.cells`: :class:`CellTable`, the plain-Python/NumPy bookkeeping (cells, ranges, masks,
   sliding window, copy-prefix sharing, removal with renumbering) that the tensor side applies;
-- :mod:`.wrapper`: :class:`WrapperCache`, several caches behind one (SWA + global layers).
+- :mod:`.wrapper`: :class:`WrapperCache`, several caches behind one (SWA + global layers);
+- :mod:`.snapshot`: the byte format of an exported sequence (``Cache.export_seq``/``import_seq``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A model's attention layers talk to a :class:`Cache`: the runner calls :meth:`Cac
 once per batch, then each layer calls :meth:`Cache.set_layer`, :meth:`Cache.put` (this batch's
 K/V) and :meth:`Cache.get` (the history to attend to, with its mask). Between batches the runner's
 InputCache manages sequences with :meth:`Cache.copy_prefix`, :meth:`Cache.can_resume` and
-:meth:`Cache.remove`.
+:meth:`Cache.remove`, and the prompt store keeps whole sequences outside the cache with
+:meth:`Cache.export_seq` and :meth:`Cache.import_seq`.
 
 Positions are token positions inside one sequence (0-based); sequences are small ints (the slot
 id). Tensors follow GGML's dimension order (fastest-varying first), as in Ollama:
@@ -193,4 +194,35 @@ class Cache(Protocol):
         sequence stays contiguous. Raises :class:`NotSupported` when that shift is impossible
         (no shift function, or cells shared with another sequence); the caller must then
         ``remove(seq, 0, None)`` and reprocess. Removing to the end never shifts."""
+        ...
+
+    # The prompt store's side (issue 25): a sequence's entries copied out of the cache and back.
+    # Both run between forward passes, on the thread that runs them (no graph computes meanwhile).
+
+    @property
+    def state_layout(self) -> str:
+        """What a state of :meth:`export_seq` is tied to, in one string: the format
+        (:mod:`runner.kvcache.snapshot`) and its version, the dtype, the V layout, the window
+        (after :meth:`init`). Two loads of one model whose caches have equal strings read each
+        other's states; "" when this cache cannot export."""
+        ...
+
+    def export_seq(self, seq: int) -> bytes | bytearray:
+        """A host copy of everything ``seq`` holds: per cell its position, per layer the K and V
+        rows as stored (the cache's dtype, quantized blocks as they are), in the format of
+        :mod:`runner.kvcache.snapshot`. A sequence that holds nothing gives an empty state (which
+        imports as an empty sequence). Changes nothing in the cache."""
+        ...
+
+    def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
+        """Make ``seq`` hold exactly what ``data`` (an :meth:`export_seq` of a cache with this
+        :attr:`state_layout`) holds: the same positions and the same K/V bytes, so a sequence
+        continues as the exported one would have. Each entry goes back to the cell it was
+        exported from when all those cells are free (the same cells in the same order: the
+        same logits, bit for bit, for the same batches), else to the lowest free cells in
+        position order (where a recompute from an empty sequence puts them).
+
+        ``seq`` is emptied first. False, with ``seq`` empty and no other sequence touched, when
+        ``data`` is refused: truncated or damaged (checksum), another format or geometry (dtype,
+        V layout, layers, head sizes), or more entries than free cells. Never half-restored."""
         ...

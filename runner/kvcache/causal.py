@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import snapshot
 from .cache import Batch, CacheConfig, KvCacheError, LayerShape, NotSupported
 from .cells import CellTable, ForwardPlan, ShiftPlan, cache_geometry
 
@@ -327,6 +328,75 @@ class CausalCache:
         """See ``Cache.can_resume``."""
         return self._table().can_resume(seq, pos)
 
+    # ------------------------------------------------------------------------ export and import
+    @property
+    def state_layout(self) -> str:
+        """See ``Cache.state_layout``: the format, the dtype, the V layout and the window."""
+        window = f" swa={self.swa_window}" if self.swa_window else ""
+        return f"{snapshot.FORMAT} {self.dtype} {'v-permuted' if self.config.permuted_v else 'v'}{window}"
+
+    def geometry(self) -> snapshot.Geometry:
+        """What this cache's states hold per cell: the allocated layers' rows."""
+        layers = []
+        for layer in sorted(self._keys):
+            keys, values = self._keys[layer], self._values[layer]
+            head_dim, kv_heads = keys.dim(0), keys.dim(1)
+            if self.config.permuted_v:  # [n_cells, v_head_dim, kv_heads]
+                v_head_dim, v_row = values.dim(1), values.dim(1) * values.dim(2) * values.stride(0)
+            else:  # [v_head_dim, kv_heads, n_cells]
+                v_head_dim, v_row = values.dim(0), values.stride(2)
+            layers.append(snapshot.LayerRows(layer, head_dim, kv_heads, v_head_dim, keys.stride(2), v_row))
+        return snapshot.Geometry(self.dtype, self.config.permuted_v, tuple(layers))
+
+    def export_seq(self, seq: int) -> bytearray:
+        """See ``Cache.export_seq``: the rows are read run by run of consecutive cells (permuted
+        V: per element row, over the span of the sequence's cells)."""
+        table = self._table()
+        cells = np.asarray(table.seq_cells(seq), dtype=np.int64)
+        positions = np.asarray(table.seq_positions(seq), dtype=np.int64)
+        order = np.argsort(positions, kind="stable")
+        cells, positions = cells[order], positions[order]
+        geometry = self.geometry()
+        out = snapshot.Writer(geometry, positions, cells)
+        for i, rows in enumerate(geometry.layers):
+            keys, values = self._keys[rows.layer], self._values[rows.layer]
+            _read_rows(keys, cells, out.k_rows(i))
+            if self.config.permuted_v:
+                _read_columns(values, cells, out.v_rows(i))
+            else:
+                _read_rows(values, cells, out.v_rows(i))
+        return out.finish()
+
+    def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
+        """See ``Cache.import_seq``: the state is read and checked whole before any cell is
+        taken; the rows are written run by run of consecutive cells (permuted V: per element
+        row, over the span of the chosen cells)."""
+        table = self._table()
+        table.restore(seq, ())  # empty it first, whatever follows
+        try:
+            state = snapshot.read(data)
+        except snapshot.SnapshotError as err:
+            log.warning("KV state of sequence %d refused: %s", seq, err)
+            return False
+        if state.geometry != self.geometry():
+            log.warning("KV state of sequence %d refused: another cache geometry (%s %s, %d layers)", seq,
+                        state.geometry.dtype, "v-permuted" if state.geometry.permuted_v else "v",
+                        len(state.geometry.layers))
+            return False
+        try:
+            cells = np.asarray(table.restore(seq, state.positions, state.cells), dtype=np.int64)
+        except KvCacheError as err:
+            log.warning("KV state of sequence %d refused: %s", seq, err)
+            return False
+        for i, rows in enumerate(state.geometry.layers):
+            keys, values = self._keys[rows.layer], self._values[rows.layer]
+            _write_rows(keys, cells, state.k_rows(i))
+            if self.config.permuted_v:
+                _write_columns(values, cells, state.v_rows(i))
+            else:
+                _write_rows(values, cells, state.v_rows(i))
+        return True
+
     def remove(self, seq: int, begin: int, end: int | None) -> None:
         """See ``Cache.remove``: the later cells' keys are re-RoPEd by ``begin - end``."""
         plan = self._table().remove(seq, begin, end)
@@ -362,3 +432,70 @@ class CausalCache:
                 raise
             finally:
                 ctx.close()
+
+
+# ------------------------------------------------------------------------------- row copies
+def _runs(cells: np.ndarray) -> list[tuple[int, int, int]]:
+    """``cells`` split into runs of consecutive cell indices: ``(first index in cells, first
+    cell, length)`` each."""
+    if len(cells) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(cells) != 1) + 1
+    starts = [0, *breaks.tolist()]
+    ends = [*breaks.tolist(), len(cells)]
+    return [(a, int(cells[a]), b - a) for a, b in zip(starts, ends)]
+
+
+def _read_rows(storage: Any, cells: np.ndarray, out: np.ndarray) -> None:
+    """Row ``cells[i]`` of ``storage`` (``[..., n_cells]``, one contiguous row a cell) into
+    ``out[i]`` (uint8 ``(len(cells), row)``)."""
+    row = out.shape[1]
+    for at, cell, length in _runs(cells):
+        storage.read_bytes(cell * row, out[at : at + length])
+
+
+def _write_rows(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
+    """``rows[i]`` into row ``cells[i]`` of ``storage`` (the inverse of :func:`_read_rows`)."""
+    row = rows.shape[1]
+    for at, cell, length in _runs(cells):
+        storage.write_bytes(cell * row, np.ascontiguousarray(rows[at : at + length]))
+
+
+def _columns(storage: Any) -> tuple[int, int, np.dtype]:
+    """Permuted V ``[n_cells, v_head_dim, kv_heads]`` seen as ``width`` element rows of
+    ``n_cells`` columns: ``(width, n_cells, element dtype)``."""
+    elt = storage.stride(0)
+    return storage.dim(1) * storage.dim(2), storage.dim(0), np.dtype(f"u{elt}")  # f16: u2, f32: u4
+
+
+def _read_columns(storage: Any, cells: np.ndarray, out: np.ndarray) -> None:
+    """Permuted V: column ``cells[i]`` (the cell's V, element ``e`` in element row ``e``) into
+    ``out[i]`` (uint8 ``(len(cells), width * element size)``)."""
+    if len(cells) == 0:
+        return
+    width, n_cells, elt = _columns(storage)
+    lo, hi = int(cells.min()), int(cells.max())
+    span = np.empty(hi - lo + 1, dtype=elt)
+    dest = out.view(elt)  # (len(cells), width)
+    for e in range(width):
+        storage.read_bytes((e * n_cells + lo) * elt.itemsize, span)
+        dest[:, e] = span[cells - lo]
+
+
+def _write_columns(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
+    """Permuted V: ``rows[i]`` into column ``cells[i]`` (the inverse of :func:`_read_columns`).
+    The cells between them are read and written back unchanged unless ``cells`` is one
+    ascending run (no graph computes meanwhile: ``Cache.import_seq``'s contract)."""
+    if len(cells) == 0:
+        return
+    width, n_cells, elt = _columns(storage)
+    lo, hi = int(cells.min()), int(cells.max())
+    run = hi - lo + 1 == len(cells) and bool(np.all(np.diff(cells) == 1))
+    src = rows.view(elt)  # (len(cells), width)
+    span = np.empty(hi - lo + 1, dtype=elt)
+    for e in range(width):
+        offset = (e * n_cells + lo) * elt.itemsize
+        if not run:
+            storage.read_bytes(offset, span)
+        span[cells - lo] = src[:, e]
+        storage.write_bytes(offset, span)

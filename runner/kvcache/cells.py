@@ -544,6 +544,45 @@ class CellTable:
         self._pos[later] += offset
         return ShiftPlan(seq=seq, cells=np.flatnonzero(later).tolist(), offset=offset)
 
+    def restore(self, seq: int, positions: Sequence[int], cells: Sequence[int] = ()) -> list[int]:
+        """Make ``seq`` hold exactly ``positions`` (ascending, distinct), one fresh cell each,
+        for a sequence state brought back from outside the cache (:meth:`Cache.import_seq`).
+
+        Whatever ``seq`` held is dropped first. The cells are ``cells`` (aligned with
+        ``positions``) when every one of them is inside the table and free: the layout the state
+        was exported from, so the sequence attends over the same cells in the same order as
+        before. Otherwise they are the lowest free cells, taken in position order: where a
+        recompute from an empty sequence puts its tokens (:meth:`start_forward`). Returns the
+        chosen cells, aligned with ``positions``. Raises :class:`KvCacheFull` (``seq`` then holds
+        nothing, the rest is unchanged) when fewer cells are free than ``positions``; ``ValueError``
+        for positions that are not ascending and distinct, or a ``cells`` of another length."""
+        pos = np.asarray(positions, dtype=np.int64)
+        if len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1])):
+            raise ValueError("restored positions must be ascending and distinct")
+        if len(cells) and len(cells) != len(pos):
+            raise ValueError(f"{len(cells)} cells for {len(pos)} positions")
+        self._mask_current = False
+        self._last_step = None
+        old = self._member.pop(seq, None)
+        if old is not None:
+            self._refs -= old
+        if len(pos) == 0:
+            return []
+        want = np.asarray(cells, dtype=np.int64)
+        if (len(want) and int(want.min()) >= 0 and int(want.max()) < self.size
+                and len(np.unique(want)) == len(want) and not self._refs[want].any()):
+            locs = want
+        else:
+            free = (self._refs == 0).nonzero()[0]
+            if len(free) < len(pos):
+                raise KvCacheFull(f"cache: {self.size} free: {len(free)} restoring: {len(pos)}")
+            locs = free[: len(pos)]
+        self._pos[locs] = pos
+        self._refs[locs] = 1
+        m = self._member[seq] = np.zeros(self.size, dtype=bool)
+        m[locs] = True
+        return locs.tolist()
+
     def clear(self) -> None:
         """Free every cell (all sequences dropped)."""
         self._refs[:] = 0

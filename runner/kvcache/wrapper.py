@@ -8,13 +8,17 @@ chosen by the model with :meth:`WrapperCache.set_layer_type`.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from . import snapshot
 from .cache import Batch, Cache, CacheConfig, KvCacheError, LayerShape
 
 __all__ = ["WrapperCache"]
+
+log = logging.getLogger(__name__)
 
 
 class WrapperCache:
@@ -136,6 +140,31 @@ class WrapperCache:
         the whole sequence, which cannot fail)."""
         for c in self.caches:
             c.remove(seq, begin, end)
+
+    @property
+    def state_layout(self) -> str:
+        """The wrapped caches' layouts, in order ("" when one of them cannot export)."""
+        layouts = [c.state_layout for c in self.caches]
+        return "" if not all(layouts) else "wrapper[" + "; ".join(layouts) + "]"
+
+    def export_seq(self, seq: int) -> bytearray:
+        """Every wrapped cache's state of ``seq``, packed in order (:func:`snapshot.pack`): a
+        sliding-window cache's holds only the window it kept."""
+        return snapshot.pack([c.export_seq(seq) for c in self.caches])
+
+    def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
+        """Each wrapped cache imports its part; when one refuses, ``seq`` is removed from all of
+        them (removal to the end never fails), so nothing is half-restored."""
+        try:
+            parts = snapshot.unpack(data, len(self.caches))
+        except snapshot.SnapshotError as err:
+            log.warning("KV state of sequence %d refused: %s", seq, err)
+            parts = None
+        if parts is not None and all(c.import_seq(seq, part) for c, part in zip(self.caches, parts)):
+            return True
+        for c in self.caches:
+            c.remove(seq, 0, None)
+        return False
 
 
 def _unwind(caches: Sequence[Cache], positions: Sequence[int], seqs: Sequence[int]) -> None:

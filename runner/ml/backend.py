@@ -226,6 +226,18 @@ class Tensor(Protocol):
         ``reversed(shape)`` (f32 and f16 as float32, integers as themselves)."""
         ...
 
+    def read_bytes(self, offset: int, out: np.ndarray) -> None:
+        """Copy ``out.nbytes`` raw bytes of an allocated tensor (a weight, cache storage), from
+        ``offset`` bytes into its data, into ``out`` (C-contiguous): the data as stored,
+        quantized blocks included. ``ValueError`` when the range is not inside the tensor."""
+        ...
+
+    def write_bytes(self, offset: int, data: np.ndarray) -> None:
+        """Overwrite ``data.nbytes`` raw bytes of an allocated tensor from ``offset`` bytes into
+        its data with ``data`` (C-contiguous), as :meth:`read_bytes` reads them. No graph may be
+        computing on the tensor meanwhile. ``ValueError`` when the range is not inside it."""
+        ...
+
 
 class Context(Protocol):
     """One compute graph and the memory for its intermediate tensors."""

@@ -1,4 +1,16 @@
-"""The new engine's KV operations: our :class:`runner.kvcache.Cache` behind :class:`KvOps`."""
+"""The new engine's KV operations: our :class:`runner.kvcache.Cache` behind :class:`KvOps`.
+
+Export and import (the prompt store, :mod:`runner.kvstore`) are the cache's own
+(:meth:`runner.kvcache.cache.Cache.export_seq`/``import_seq``): per cell its position and per layer
+the K and V rows as stored, in :mod:`runner.kvcache.snapshot`'s format. A restored sequence goes
+back to the cells it was exported from when they are free (one slot: always), so it continues bit
+for bit like the live one, sliding windows included (gemma3's window cache exports the cells it
+kept; :meth:`CacheKv.can_resume` still decides whether a shorter prefix of it can serve). When
+those cells are taken it goes to the lowest free ones, with its rows unchanged: with flash
+attention still bit for bit; without it GGML's attention sums group the terms by where the cells
+sit, so the logits move in their last bits (amplified by the quantized matmuls after), as a
+recompute into those cells would (measured in ``tests/test_kvstore_ggml.py``).
+"""
 
 from __future__ import annotations
 
@@ -10,10 +22,13 @@ class CacheKv:
     or gemma3's sliding-window + global wrapper: ``can_resume`` is how a slot whose window has
     slid past the prefix starts over)."""
 
-    state_layout = ""  # no export yet
-
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
+
+    @property
+    def state_layout(self) -> str:
+        """The cache's (format version, dtype, V layout, window); part of the store's fingerprint."""
+        return self.cache.state_layout
 
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         try:
@@ -31,9 +46,11 @@ class CacheKv:
     def can_resume(self, seq: int, pos: int) -> bool:
         return self.cache.can_resume(seq, pos)
 
-    def export_seq(self, seq: int) -> None:
-        return None  # not yet (issue 25: rows of the sequence's cells, runner/kvcache)
+    def export_seq(self, seq: int) -> bytes | bytearray | None:
+        return self.cache.export_seq(seq) if self.state_layout else None
 
     def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
-        self.seq_rm(seq, 0, None)
-        return False
+        if not self.state_layout:
+            self.seq_rm(seq, 0, None)
+            return False
+        return self.cache.import_seq(seq, state)

@@ -419,6 +419,25 @@ class GGMLTensor:
             raise ValueError(f"read_into: {out.nbytes} bytes for a tensor of {self.nbytes}")
         g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, 0, out.nbytes)
 
+    def read_bytes(self, offset: int, out: np.ndarray) -> None:
+        """See ``Tensor.read_bytes``."""
+        self._check_range(offset, out, "read_bytes")
+        g.ggml_backend_tensor_get(self.ptr, out.ctypes.data, offset, out.nbytes)
+
+    def write_bytes(self, offset: int, data: np.ndarray) -> None:
+        """See ``Tensor.write_bytes``."""
+        self._check_range(offset, data, "write_bytes")
+        g.ggml_backend_tensor_set(self.ptr, data.ctypes.data, offset, data.nbytes)
+
+    def _check_range(self, offset: int, arr: np.ndarray, what: str) -> None:
+        # GGML asserts (aborts the process) on a range outside the tensor: refuse it here
+        if not arr.flags.c_contiguous:
+            raise ValueError(f"{what}: the array must be C-contiguous")
+        if offset < 0 or offset + arr.nbytes > self.nbytes:
+            raise ValueError(f"{what}: bytes [{offset}, {offset + arr.nbytes}) outside a tensor of {self.nbytes}")
+        if not self.data_ptr:
+            raise RuntimeError(f"{what}: tensor {self!r} has no data")
+
     def set_numpy(self, data: np.ndarray) -> None:
         """Overwrite an allocated, contiguous tensor's data (same byte size)."""
         data = np.ascontiguousarray(data)

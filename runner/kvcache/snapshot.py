@@ -1,0 +1,232 @@
+"""The byte format of an exported sequence (:meth:`runner.kvcache.cache.Cache.export_seq`).
+
+One causal cache's state (little-endian throughout)::
+
+    header    magic "PKVC", version u16, flags u16 (bit 0: permuted V), dtype 8 bytes (ASCII,
+              NUL-padded: "f16", "q8_0", ...), n_layers u32, n_cells u32
+    layers    n_layers x (layer, head_dim, kv_heads, v_head_dim, k_row, v_row) u32:
+              the geometry; k_row/v_row are the bytes of one cell's K/V as stored
+    positions n_cells x i32, ascending: the sequence's positions
+    cells     n_cells x i32: the cell each position was stored in (where the import puts it
+              back when that cell is free)
+    rows      per layer: n_cells K rows, then n_cells V rows, in position order; a row is the
+              cell's data as the storage holds it (quantized blocks as they are). Permuted V
+              (``[n_cells, v_head_dim, kv_heads]``) is gathered to the same row order as
+              unpermuted V (element ``d + h * v_head_dim``)
+    crc32     u32 of everything before it
+
+A cache made of several (:class:`runner.kvcache.wrapper.WrapperCache`) packs its caches' states::
+
+    magic "PKVW", version u16, count u16, count x u64 (each state's length), the states
+
+:func:`read` refuses (:class:`SnapshotError`) anything truncated, padded, damaged (checksum,
+magic, version) or inconsistent (positions not ascending); the importing cache compares the
+:class:`Geometry` with its own. The format holds no model identity and no token ids: the prompt
+store's key holds those.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["FORMAT", "Geometry", "LayerRows", "Snapshot", "SnapshotError", "Writer", "pack", "read", "unpack"]
+
+VERSION = 1
+#: what :attr:`Cache.state_layout` strings start with: the format and its version
+FORMAT = f"pollama-kvcache/{VERSION}"
+
+_MAGIC = b"PKVC"
+_WRAPPER_MAGIC = b"PKVW"
+_HEADER = struct.Struct("<4sHH8sII")
+_LAYER = struct.Struct("<6I")
+_CRC = struct.Struct("<I")
+_WRAPPER = struct.Struct("<4sHH")
+_LENGTH = struct.Struct("<Q")
+_PERMUTED_V = 1
+
+
+class SnapshotError(ValueError):
+    """A state that cannot be read: truncated, damaged, or of another format."""
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """What one layer stores per cell: head sizes, and the bytes of a K and a V row."""
+
+    layer: int
+    head_dim: int
+    kv_heads: int
+    v_head_dim: int
+    k_row: int
+    v_row: int
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the bytes of a state mean: the cache dtype, the V layout, the layers' rows. Two
+    caches read each other's states only when their geometries are equal."""
+
+    dtype: str
+    permuted_v: bool
+    layers: tuple[LayerRows, ...]
+
+    @property
+    def cell_bytes(self) -> int:
+        """Bytes of one cell's rows over all layers."""
+        return sum(ly.k_row + ly.v_row for ly in self.layers)
+
+
+def _size(geometry: Geometry, n: int) -> int:
+    return _HEADER.size + len(geometry.layers) * _LAYER.size + 8 * n + n * geometry.cell_bytes + _CRC.size
+
+
+class Writer:
+    """Builds one cache's state: header, positions and cells at once, then the rows filled in
+    place through :meth:`k_rows`/:meth:`v_rows`, then :meth:`finish`."""
+
+    def __init__(self, geometry: Geometry, positions: np.ndarray, cells: np.ndarray) -> None:
+        """``positions`` ascending and ``cells`` aligned with them (int arrays of one length)."""
+        n = len(positions)
+        dtype = geometry.dtype.encode("ascii")
+        if len(dtype) > 8:
+            raise ValueError(f"dtype name {geometry.dtype!r} too long for the format")
+        self.geometry = geometry
+        self.n = n
+        self.buf = bytearray(_size(geometry, n))
+        flags = _PERMUTED_V if geometry.permuted_v else 0
+        _HEADER.pack_into(self.buf, 0, _MAGIC, VERSION, flags, dtype, len(geometry.layers), n)
+        at = _HEADER.size
+        for ly in geometry.layers:
+            _LAYER.pack_into(self.buf, at, ly.layer, ly.head_dim, ly.kv_heads, ly.v_head_dim, ly.k_row, ly.v_row)
+            at += _LAYER.size
+        body = np.frombuffer(self.buf, dtype=np.uint8)
+        body[at : at + 4 * n].view("<i4")[:] = positions
+        body[at + 4 * n : at + 8 * n].view("<i4")[:] = cells
+        self._rows = at + 8 * n
+        self._body = body
+
+    def k_rows(self, i: int) -> np.ndarray:
+        """Layer ``geometry.layers[i]``'s K rows to fill: uint8 ``(n, k_row)``, position order."""
+        start, ly = self._offset(i), self.geometry.layers[i]
+        return self._body[start : start + self.n * ly.k_row].reshape(self.n, ly.k_row)
+
+    def v_rows(self, i: int) -> np.ndarray:
+        """Layer ``geometry.layers[i]``'s V rows to fill: uint8 ``(n, v_row)``, position order."""
+        ly = self.geometry.layers[i]
+        start = self._offset(i) + self.n * ly.k_row
+        return self._body[start : start + self.n * ly.v_row].reshape(self.n, ly.v_row)
+
+    def _offset(self, i: int) -> int:
+        return self._rows + self.n * sum(ly.k_row + ly.v_row for ly in self.geometry.layers[:i])
+
+    def finish(self) -> bytearray:
+        """The state, checksummed (the writer must not be used afterwards)."""
+        end = len(self.buf) - _CRC.size
+        _CRC.pack_into(self.buf, end, zlib.crc32(memoryview(self.buf)[:end]))
+        return self.buf
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A state read back: geometry, positions (ascending), exported cells, and read-only views
+    of the rows (no copy of ``data``)."""
+
+    geometry: Geometry
+    positions: np.ndarray  # int32
+    cells: np.ndarray  # int32
+    _body: np.ndarray  # the rows region, uint8
+
+    @property
+    def n(self) -> int:
+        return len(self.positions)
+
+    def k_rows(self, i: int) -> np.ndarray:
+        """Layer ``geometry.layers[i]``'s K rows: uint8 ``(n, k_row)``, position order."""
+        start, ly = self._offset(i), self.geometry.layers[i]
+        return self._body[start : start + self.n * ly.k_row].reshape(self.n, ly.k_row)
+
+    def v_rows(self, i: int) -> np.ndarray:
+        """Layer ``geometry.layers[i]``'s V rows: uint8 ``(n, v_row)``, position order."""
+        ly = self.geometry.layers[i]
+        start = self._offset(i) + self.n * ly.k_row
+        return self._body[start : start + self.n * ly.v_row].reshape(self.n, ly.v_row)
+
+    def _offset(self, i: int) -> int:
+        return self.n * sum(ly.k_row + ly.v_row for ly in self.geometry.layers[:i])
+
+
+def read(data: bytes | bytearray | memoryview) -> Snapshot:
+    """Parse one cache's state (views into ``data``, which must outlive the result). Raises
+    :class:`SnapshotError` for a state that is not exactly one intact state of this format."""
+    view = memoryview(data).cast("B")
+    if len(view) < _HEADER.size + _CRC.size:
+        raise SnapshotError(f"state of {len(view)} bytes is too short")
+    magic, version, flags, dtype, n_layers, n = _HEADER.unpack_from(view, 0)
+    if magic != _MAGIC:
+        raise SnapshotError("not a pollama KV cache state (magic)")
+    if version != VERSION:
+        raise SnapshotError(f"KV cache state version {version}, this build reads {VERSION}")
+    if flags & ~_PERMUTED_V:
+        raise SnapshotError(f"unknown flags {flags:#x}")
+    table_end = _HEADER.size + n_layers * _LAYER.size
+    if len(view) < table_end + _CRC.size:
+        raise SnapshotError("state truncated in its layer table")
+    layers = tuple(LayerRows(*_LAYER.unpack_from(view, _HEADER.size + k * _LAYER.size)) for k in range(n_layers))
+    try:
+        name = dtype.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise SnapshotError("damaged dtype name") from None
+    geometry = Geometry(dtype=name, permuted_v=bool(flags & _PERMUTED_V), layers=layers)
+    size = _size(geometry, n)
+    if len(view) != size:
+        raise SnapshotError(f"state of {len(view)} bytes, its header says {size}")
+    end = size - _CRC.size
+    if zlib.crc32(view[:end]) != _CRC.unpack_from(view, end)[0]:
+        raise SnapshotError("state damaged (checksum)")
+    body = np.frombuffer(view, dtype=np.uint8)
+    positions = body[table_end : table_end + 4 * n].view("<i4")
+    cells = body[table_end + 4 * n : table_end + 8 * n].view("<i4")
+    if n and (int(positions.min()) < 0 or int(cells.min()) < 0):
+        raise SnapshotError("negative position or cell")
+    if n > 1 and not bool(np.all(positions[1:] > positions[:-1])):
+        raise SnapshotError("positions not ascending")
+    return Snapshot(geometry, positions, cells, body[table_end + 8 * n : end])
+
+
+def pack(states: Sequence[bytes | bytearray]) -> bytearray:
+    """Several caches' states as one (a wrapper cache's), in order."""
+    out = bytearray(_WRAPPER.pack(_WRAPPER_MAGIC, VERSION, len(states)))
+    for s in states:
+        out += _LENGTH.pack(len(s))
+    for s in states:
+        out += s
+    return out
+
+
+def unpack(data: bytes | bytearray | memoryview, count: int) -> list[memoryview]:
+    """The ``count`` states :func:`pack` packed (views into ``data``); :class:`SnapshotError`
+    when ``data`` is not exactly that (each state is checked when it is read)."""
+    view = memoryview(data).cast("B")
+    head = _WRAPPER.size + count * _LENGTH.size
+    if len(view) < head:
+        raise SnapshotError(f"state of {len(view)} bytes is too short")
+    magic, version, n = _WRAPPER.unpack_from(view, 0)
+    if magic != _WRAPPER_MAGIC:
+        raise SnapshotError("not a pollama wrapper cache state (magic)")
+    if version != VERSION:
+        raise SnapshotError(f"wrapper state version {version}, this build reads {VERSION}")
+    if n != count:
+        raise SnapshotError(f"state of {n} caches, this cache has {count}")
+    lengths = [_LENGTH.unpack_from(view, _WRAPPER.size + k * _LENGTH.size)[0] for k in range(count)]
+    if head + sum(lengths) != len(view):
+        raise SnapshotError(f"state of {len(view)} bytes, its header says {head + sum(lengths)}")
+    parts, at = [], head
+    for length in lengths:
+        parts.append(view[at : at + length])
+        at += length
+    return parts
