@@ -148,10 +148,12 @@ def conversation(engine: LlamaEngine, n_prompt: int, seq: int = 0) -> list[int]:
     return prompt + answer
 
 
-def test_the_ring_is_what_llama_cpp_allocates(engine):
+def test_a_sliding_window_model_exports(engine):
     kv = engine.kv
+    # the window's cells a stream as llama_kv_cache_iswa sizes them (were it another number, the
+    # imports below would not land where the live ring is, and would not decode bit for bit)
     assert kv.window == 512 and kv.ring == RING
-    assert kv.state_layout  # sliding-window models export
+    assert kv.state_layout
 
 
 def test_a_conversation_past_the_window_resumes_bit_for_bit(engine):
