@@ -19,8 +19,6 @@ from runner import config
 from runner.api import Options
 from runner.engines.llamacpp.engine import LlamaEngine
 
-from test_gemma3 import gemma3  # noqa: F401  (fetches gemma-3-270m once per session)
-
 NUM_BATCH = 64
 STORY = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
          "father had taught him. There were one hundred and twelve of them, worn smooth in the middle "
@@ -140,16 +138,3 @@ def test_damaged_or_foreign_state_is_refused_and_leaves_the_slot_empty(engine):
         assert positions(other, 0)[1] == -1
     finally:
         other.close()
-
-
-@pytest.mark.slow
-def test_a_sliding_window_model_exports_nothing_yet(gemma3):
-    cfg = dataclasses.replace(config.load({}), new_engine=False)
-    info = runner.resolve(str(gemma3), cfg).info
-    e = LlamaEngine(info, runner.load_options(info, Options().merged({"num_ctx": 1024, "num_thread": 1}), cfg, 1))
-    try:
-        assert e.kv.window > 0 and e.kv.state_layout == ""
-        evaluate(e, e.tokenize(STORY)[:40], 0, 0)
-        assert e.kv.export_seq(0) is None
-    finally:
-        e.close()

@@ -193,7 +193,7 @@ class LlamaEngine:
         self._flip = 0
         self._batch = self._batches[0]  # the batch being built
         self._prepared: _Batch | None = None  # the batch the next decode evaluates
-        self.kv = LlamaKv(self._ctx, self._model, num_parallel)
+        self.kv = LlamaKv(self._ctx, self._model, num_parallel, swa_full=bool(cparams.swa_full))
         self._pieces: dict[int, bytes] = {}
         self._n_embd = L.llama_model_n_embd(self._model)
         self._unencodable = _spm_missing_bytes(info)
