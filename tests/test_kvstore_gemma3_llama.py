@@ -260,6 +260,7 @@ def test_the_window_is_the_rule_for_a_restored_prefix(plain):
     edited = a[:650] + engine.tokenize(" And then the radio crackled.", add_special=False)
     slot, rest = cache.load_slot(edited)
     assert len(rest) == len(edited) and slot.inputs == []  # from position 0, not from cells that are gone
+    assert store.holds(a + more)  # the state stays stored for the conversation it serves
     assert positions(engine, slot.id) == (-1, -1)
     cache.release(slot)
 

@@ -380,3 +380,4 @@ def test_the_slot_cache_resumes_a_stored_window_only_at_its_end(gemma):
     slot, todo = slots.load_slot(edited)
     assert todo == edited and held(gemma, slot.id, 0) == ([], [])
     slots.release(slot)
+    assert store.lookup(a + more + more).n == len(a + more)  # A's state stays stored for A

@@ -7,6 +7,8 @@ covered by the error tests) and generation lengths are capped.
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 import schemathesis
@@ -31,7 +33,8 @@ def fuzz_server():
     # files beside the store that a name escaping it would hit (see test_store_safety)
     home = proc.models.parent
     proc.canaries = canary_tree(home)
-    proc.outside = snapshot_outside(home, proc.models, ignore=(proc.log_path.name,))
+    proc.prompt_cache = home / ".pollama" / "cache" / "kv"  # the prompt store's own files (hex names only)
+    proc.outside = snapshot_outside(home, proc.models, ignore=(proc.log_path.name,), allowed=(proc.prompt_cache,))
     REGISTRY.start()
     yield proc
     REGISTRY.stop()
@@ -106,7 +109,10 @@ def test_no_server_errors(operation, mode, fuzz_server):
 
 def test_no_fuzzed_name_reached_outside_the_store(fuzz_server):
     home = fuzz_server.models.parent
-    assert snapshot_outside(home, fuzz_server.models, ignore=(fuzz_server.log_path.name,)) == fuzz_server.outside
+    assert snapshot_outside(home, fuzz_server.models, ignore=(fuzz_server.log_path.name,),
+                            allowed=(fuzz_server.prompt_cache,)) == fuzz_server.outside
+    # what the prompt store wrote there is named by its keys, never by anything a request named
+    assert all(re.fullmatch(r"[0-9a-f]{64}\.kv", p.name) for p in fuzz_server.prompt_cache.glob("*"))
     for path, data in fuzz_server.canaries.items():
         assert path.read_bytes() == data
 

@@ -62,11 +62,14 @@ def canary_tree(base: Path) -> dict[Path, bytes]:
     return files
 
 
-def snapshot_outside(base: Path, models: Path, ignore: tuple[str, ...] = ()) -> dict[str, tuple[int, str]]:
-    """Every file under ``base`` but outside ``models`` (and not named in ``ignore``): mtime, hash."""
+def snapshot_outside(base: Path, models: Path, ignore: tuple[str, ...] = (),
+                     allowed: tuple[Path, ...] = ()) -> dict[str, tuple[int, str]]:
+    """Every file under ``base`` but outside ``models`` and the ``allowed`` folders (and not named
+    in ``ignore``): mtime, hash."""
     out = {}
     for path in base.rglob("*"):
-        if models == path or models in path.parents or path.is_dir() or path.name in ignore:
+        if any(root == path or root in path.parents for root in (models, *allowed)) or path.is_dir() \
+                or path.name in ignore:
             continue
         out[str(path)] = (path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest())
     return out

@@ -270,6 +270,14 @@ class InputCache:
             self.store.forget(found, refused=True)
             slot.inputs = []
             return 0, ""
+        resume = image_start(prompt, min(found.n, len(prompt) - 1))
+        if not self.kv.can_resume(slot.id, resume):
+            # a sliding window serves only its own end: a prompt sharing less is evaluated, and the
+            # state stays in the store for the conversation it belongs to
+            log.debug("prompt cache: a stored window of %d inputs cannot resume at %d", found.state_n, resume)
+            self.kv.seq_rm(slot.id, 0, None)
+            slot.inputs = []
+            return 0, ""
         self.store.forget(found)  # it lives in the slot now, saved again when the slot is lost
         log.debug("prompt cache: %d input(s) (%s) into slot %d", found.n, found.source, slot.id)
         slot.inputs = list(prompt[: found.n])  # the import holds state_n positions: cut below
