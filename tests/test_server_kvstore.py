@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from serverproc import ServerProcess
+from test_gemma3 import gemma3  # noqa: F401  (fetches gemma-3-270m once per session)
 
 MODEL = "smollm2:135m"
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
@@ -37,10 +38,10 @@ def stopped(server: ServerProcess) -> None:
     assert "Traceback" not in server.last_log, server.last_log
 
 
-def chat(server: ServerProcess, messages: list[dict], num_predict: int = 6) -> dict:
+def chat(server: ServerProcess, messages: list[dict], num_predict: int = 6, model: str = MODEL) -> dict:
     """A non-streamed /v1/chat/completions reply as JSON (usage and timings included)."""
     r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
-                   json={"model": MODEL, "messages": messages, "max_tokens": num_predict, **GREEDY})
+                   json={"model": model, "messages": messages, "max_tokens": num_predict, **GREEDY})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -54,31 +55,44 @@ def conversation(doc: str, question: str) -> list[dict]:
     return [{"role": "user", "content": f"{question}\n\n{doc}"}]
 
 
-def test_a_returning_conversation_resumes_from_ram_then_from_disk_after_a_restart(tmp_path):
+@pytest.fixture(params=[("old", "smollm2"), ("new", "smollm2"),
+                        pytest.param(("old", "gemma3"), marks=pytest.mark.slow),
+                        pytest.param(("new", "gemma3"), marks=pytest.mark.slow)],
+                ids=["old-smollm2", "new-smollm2", "old-gemma3", "new-gemma3"])
+def engine_model(request) -> tuple[str, str]:
+    """(OLLAMA_NEW_ENGINE, the model's name in requests): both engines, SmolLM2 and gemma3."""
+    engine, model = request.param
+    name = str(request.getfixturevalue("gemma3")) if model == "gemma3" else MODEL
+    return ("1" if engine == "new" else "0"), name
+
+
+def test_a_returning_conversation_resumes_from_ram_then_from_disk_after_a_restart(tmp_path, engine_model):
+    new_engine, model = engine_model
     a = conversation(DOC, "How many steps were there?")
     b = conversation(OTHER, "Summarise this recipe.")
-    server = serve(tmp_path)
+    server = serve(tmp_path, OLLAMA_NEW_ENGINE=new_engine)
     try:
-        first = chat(server, a)
+        first = chat(server, a, model=model)
         assert cached(first) == 0 and first["timings"]["prompt_n"] == first["usage"]["prompt_tokens"] > 100
-        chat(server, b)  # B takes the only slot: A goes to the store
+        chat(server, b, model=model)  # B takes the only slot: A goes to the store
         a2 = a + [first["choices"][0]["message"], {"role": "user", "content": "Who taught him?"}]
-        back = chat(server, a2)
+        back = chat(server, a2, model=model)
         assert cached(back) >= first["usage"]["prompt_tokens"]  # A's whole first turn, restored from RAM
         assert back["timings"]["prompt_n"] < 30
-        ps = httpx.get(server.url + "/api/ps", timeout=30).json()["prompt_cache"]
-        assert 0 < ps["ram"] <= ps["ram_limit"] == 1024 << 20
+        ps = httpx.get(server.url + "/api/ps", timeout=30).json()
+        assert ps["models"][0]["engine"] == ("new" if new_engine == "1" else "old")
+        assert 0 < ps["prompt_cache"]["ram"] <= ps["prompt_cache"]["ram_limit"] == 1024 << 20
     finally:
         stopped(server)  # the unload writes the slot (A, two turns) to disk
 
-    server = serve(tmp_path)  # a new process: nothing in memory
+    server = serve(tmp_path, OLLAMA_NEW_ENGINE=new_engine)  # a new process: nothing in memory
     try:
-        again = chat(server, a2)
+        again = chat(server, a2, model=model)
         assert cached(again) == cached(back) + back["timings"]["prompt_n"] - 1  # from disk, all but one input
         assert again["choices"][0]["message"]["content"] == back["choices"][0]["message"]["content"]
         # Ollama's API counts it the same way: evaluated + cached = the whole prompt
         r = httpx.post(server.url + "/api/chat", timeout=120, json={
-            "model": MODEL, "messages": a2, "stream": False, "options": {**GREEDY, "num_predict": 6}})
+            "model": model, "messages": a2, "stream": False, "options": {**GREEDY, "num_predict": 6}})
         assert r.status_code == 200 and r.json()["prompt_eval_count"] == again["usage"]["prompt_tokens"]
         ps = httpx.get(server.url + "/api/ps", timeout=30).json()["prompt_cache"]
         assert 0 < ps["disk"] <= ps["disk_limit"] == 8192 << 20
