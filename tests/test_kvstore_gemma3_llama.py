@@ -28,6 +28,7 @@ from runner.kvstore.store import PromptStore
 from runner.loop.slots import InputCache
 
 from test_gemma3 import gemma3  # noqa: F401  (fetches gemma-3-270m once per session)
+from kvturns import evaluate, greedy
 
 pytestmark = pytest.mark.slow
 
@@ -112,27 +113,6 @@ def engine(request, gemma3, plain):
     e = make_engine(gemma3, True)
     yield e
     e.close()
-
-
-def evaluate(engine: LlamaEngine, tokens: list[int], pos: int, seq: int) -> np.ndarray:
-    """Decode ``tokens`` into ``seq`` from ``pos``, ``NUM_BATCH`` a batch; the last token's logits."""
-    for i in range(0, len(tokens), NUM_BATCH):
-        engine.batch_begin()
-        row = engine.batch_add(tokens[i : i + NUM_BATCH], pos + i, seq)
-        engine.prepare()
-        engine.decode()
-    return engine.logits(row).copy()
-
-
-def greedy(engine: LlamaEngine, logits: np.ndarray, pos: int, seq: int, steps: int) -> tuple[list[int], list[np.ndarray]]:
-    """``steps`` greedy tokens after ``logits``, each fed back; the tokens and the logits each gave."""
-    tokens, rows = [], []
-    for k in range(steps):
-        token = int(np.argmax(logits))
-        logits = evaluate(engine, [token], pos + k, seq)
-        tokens.append(token)
-        rows.append(logits)
-    return tokens, rows
 
 
 def positions(engine: LlamaEngine, seq: int) -> tuple[int, int]:

@@ -28,7 +28,7 @@ import pytest
 
 import runner
 from runner import config
-from runner.api import Message, Options, Request
+from runner.api import Message, Options
 from runner.engines.ggml.engine import GGMLEngine
 from runner.kvcache import WrapperCache, snapshot
 from runner.kvstore.key import Fingerprint
@@ -38,8 +38,8 @@ from runner.loop.slots import InputCache
 from tests.conftest import fresh_cache_dir
 
 from test_gemma3 import gemma3  # noqa: F401  (fetches gemma-3-270m once per session)
+from kvturns import NUM_BATCH, evaluate, greedy, turn
 
-NUM_BATCH = 64
 STORY = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
          "father had taught him. There were one hundred and twelve of them, worn smooth in the middle "
          "by a century of boots. At the top he trimmed the wick, polished the great lens until it "
@@ -65,28 +65,6 @@ def engine(request):
     e = make_engine(*request.param)
     yield e
     e.close()
-
-
-def evaluate(engine: GGMLEngine, tokens: list[int], pos: int, seq: int) -> np.ndarray:
-    """Decode ``tokens`` into ``seq`` from ``pos``, ``NUM_BATCH`` a batch; the last token's logits."""
-    for i in range(0, len(tokens), NUM_BATCH):
-        engine.batch_begin()
-        row = engine.batch_add(tokens[i : i + NUM_BATCH], pos + i, seq)
-        engine.prepare()
-        engine.decode()
-    return engine.logits(row).copy()
-
-
-def greedy(engine: GGMLEngine, logits: np.ndarray, pos: int, seq: int, steps: int) -> tuple[list[int], list[np.ndarray]]:
-    """``steps`` greedy tokens after ``logits``, each fed back at ``pos``, ``pos + 1``, ...; the
-    tokens and the logits each of them produced."""
-    tokens, rows = [], []
-    for k in range(steps):
-        token = int(np.argmax(logits))
-        logits = evaluate(engine, [token], pos + k, seq)
-        tokens.append(token)
-        rows.append(logits)
-    return tokens, rows
 
 
 def held(engine: GGMLEngine, seq: int, part: int = 0) -> tuple[list[int], list[int]]:
@@ -212,7 +190,6 @@ def test_damaged_or_foreign_state_is_refused_and_leaves_the_slot_empty(engine):
 
 
 # ----------------------------------------------------------------------- the prompt store, runner
-GREEDY = dict(temperature=0.0, repeat_penalty=1.0, num_predict=12)
 DOC = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father "
        "had taught him. There were one hundred and twelve of them, worn smooth by a century of boots. ") * 4
 OTHER = ("A recipe for bread: flour, water, salt and yeast, kneaded for ten minutes, left to rise "
@@ -227,19 +204,6 @@ def load_new(cache_ram: int, pipeline: bool = False, cache_disk: int = 0, cache_
                     num_parallel=1)
     assert r.engine == "new"
     return r
-
-
-def turn(r, messages):
-    """(text, metrics, logprobs) of a greedy chat turn."""
-    request = Request(messages=messages, options=Options().merged(GREEDY), logprobs=True, top_logprobs=4)
-    text, logprobs, final = [], [], None
-    for chunk in r.stream(request):
-        text.append(chunk.text)
-        logprobs.extend(chunk.logprobs or [])
-        if chunk.done:
-            final = chunk
-    return "".join(text), final.metrics, [(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs])
-                                          for lp in logprobs]
 
 
 A = [Message("user", "Read this and tell me how many steps there were.\n\n" + DOC)]

@@ -18,8 +18,8 @@ import runner
 from runner import config
 from runner.api import Options
 from runner.engines.llamacpp.engine import LlamaEngine
+from kvturns import NUM_BATCH, evaluate, greedy
 
-NUM_BATCH = 64
 STORY = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his "
          "father had taught him. There were one hundred and twelve of them, worn smooth in the middle "
          "by a century of boots. At the top he trimmed the wick, polished the great lens until it "
@@ -42,29 +42,6 @@ def engine():
     e = make_engine(2)
     yield e
     e.close()
-
-
-def evaluate(engine: LlamaEngine, tokens: list[int], pos: int, seq: int) -> np.ndarray:
-    """Decode ``tokens`` into ``seq`` from ``pos``, ``NUM_BATCH`` a batch; the last token's logits."""
-    for i in range(0, len(tokens), NUM_BATCH):
-        chunk = tokens[i : i + NUM_BATCH]
-        engine.batch_begin()
-        row = engine.batch_add(chunk, pos + i, seq)
-        engine.prepare()
-        engine.decode()
-    return engine.logits(row).copy()
-
-
-def greedy(engine: LlamaEngine, logits: np.ndarray, pos: int, seq: int, steps: int) -> tuple[list[int], list[np.ndarray]]:
-    """``steps`` greedy tokens after ``logits``, each fed back at ``pos``, ``pos + 1``, ...; the
-    tokens and the logits each of them produced."""
-    tokens, rows = [], []
-    for k in range(steps):
-        token = int(np.argmax(logits))
-        logits = evaluate(engine, [token], pos + k, seq)
-        tokens.append(token)
-        rows.append(logits)
-    return tokens, rows
 
 
 def positions(engine: LlamaEngine, seq: int) -> tuple[int, int]:

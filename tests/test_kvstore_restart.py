@@ -13,11 +13,11 @@ import re
 
 import runner
 from runner import config
-from runner.api import Message, Options, Request
+from runner.api import Message, Options
 from tests.conftest import fresh_cache_dir
 from tests.test_cli import run_cli
+from kvturns import turn
 
-GREEDY = dict(temperature=0.0, repeat_penalty=1.0, num_predict=10)
 DOC = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father "
        "had taught him. There were one hundred and twelve of them, worn smooth by a century of boots. ") * 4
 
@@ -29,19 +29,6 @@ def load(cache_dir, cache_ram: int = 0, cache_disk: int = 64, engine: str = "old
                     num_parallel=1)
     assert r.engine == engine
     return r
-
-
-def turn(r, messages):
-    """(text, metrics, logprobs) of a greedy chat turn."""
-    request = Request(messages=messages, options=Options().merged(GREEDY), logprobs=True, top_logprobs=3)
-    text, logprobs, final = [], [], None
-    for chunk in r.stream(request):
-        text.append(chunk.text)
-        logprobs.extend(chunk.logprobs or [])
-        if chunk.done:
-            final = chunk
-    return "".join(text), final.metrics, [(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs])
-                                          for lp in logprobs]
 
 
 def test_a_conversation_resumes_from_disk_after_an_unload():

@@ -15,10 +15,10 @@ import pytest
 
 import runner
 from runner import config
-from runner.api import Message, Options, Request
+from runner.api import Message, Options
+from kvturns import turn
 
 
-GREEDY = dict(temperature=0.0, repeat_penalty=1.0, num_predict=12)
 DOC = ("The lighthouse keeper climbed the spiral stairs every evening, counting the steps as his father "
        "had taught him. There were one hundred and twelve of them, worn smooth by a century of boots. ") * 4
 OTHER = ("A recipe for bread: flour, water, salt and yeast, kneaded for ten minutes, left to rise "
@@ -33,19 +33,6 @@ def load_old(cache_ram: int, pipeline: bool = False):
                     num_parallel=1)
     assert r.engine == "old"
     return r
-
-
-def turn(r, messages):
-    """(text, metrics, logprobs) of a greedy chat turn."""
-    request = Request(messages=messages, options=Options().merged(GREEDY), logprobs=True, top_logprobs=4)
-    text, logprobs, final = [], [], None
-    for chunk in r.stream(request):
-        text.append(chunk.text)
-        logprobs.extend(chunk.logprobs or [])
-        if chunk.done:
-            final = chunk
-    return "".join(text), final.metrics, [(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs])
-                                          for lp in logprobs]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["inline", "pipeline"])
