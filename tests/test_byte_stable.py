@@ -8,7 +8,8 @@ Without a model:
   ``/v1/messages`` and ``/v1/responses``, translates to calls whose arguments keep their keys'
   order (nested objects too) and renders byte-identical prompts through Jinja and Go templates;
   the arguments are written with the template's own JSON spacing (``tojson``'s ``", "`` and
-  ``": "``, encoding/json's compact form for Go), whatever spacing the client sent;
+  ``": "``, encoding/json's compact form for Go), whatever spacing the client sent, and a
+  template written for OpenAI's string arguments gets their JSON;
 - turn N+1's prompt starts with turn N's prompt and answer, template by template; where it does
   not, the table says what the template does instead (a generation prompt that opens a reasoning
   block the history does not keep; tools listed in the last user turn only);
@@ -146,6 +147,18 @@ def test_go_templates_range_over_arguments_in_their_order():
               "{{ end }}|{{ json .Function.Arguments }}{{ end }}{{ end }}")
     out = render(ChatTemplate("go", source, "test"), ollama_wire())
     assert out == "zeta=1;alpha=map[a:1 b:2];|" + GO_ARGS  # a nested map prints as Go prints maps
+
+
+def test_templates_made_for_string_arguments_get_their_json():
+    """DeepSeek-R1's template adds the arguments to a string (OpenAI's shape); others print them
+    with ``{{ }}`` or ``~``: the text is the JSON ``tojson`` writes, in the keys' order."""
+    calls = [Message("user", "Configure it."), Message("assistant", "", tool_calls=[ToolCall("configure", ARGS)])]
+    r1 = render(jinja("deepseek-r1-distill-qwen"), calls)
+    assert "<｜tool▁sep｜>configure\n```json\n" + JINJA_ARGS + "\n```<｜tool▁call▁end｜>" in r1
+    source = ("{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments }}|"
+              "{{ c.function.arguments ~ '' }}|{{ c.function.arguments | tojson }}|{{ c.function.arguments is mapping }}"
+              "{% endfor %}{% endfor %}")
+    assert render(ChatTemplate("jinja", source, "test"), calls) == "|".join([JINJA_ARGS] * 3) + "|True"
 
 
 def test_calls_go_out_to_clients_in_the_order_the_model_wrote():
