@@ -13,7 +13,8 @@ Without a model:
 - turn N+1's prompt starts with turn N's prompt and answer, template by template; where it does
   not, the table says what the template does instead (a generation prompt that opens a reasoning
   block the history does not keep; tools listed in the last user turn only);
-- reasoning is stripped or kept exactly as the template says.
+- reasoning is stripped or kept exactly as the template says, and the reply parsers leave the
+  whitespace a template writes back itself (around reasoning, before a call) out of the parts.
 
 """
 
@@ -234,6 +235,19 @@ def parse(out: str) -> tuple[str, str, list[ToolCall]]:
 
 
 QWEN_CALL = '<tool_call>\n{"name": "configure", "arguments": ' + JINJA_ARGS + "}\n</tool_call>"
+
+
+@pytest.mark.parametrize("template", [jinja("qwen2.5"), jinja("qwen3")], ids=["qwen2.5", "qwen3"])
+def test_text_before_a_call_comes_back_as_the_model_wrote_it(template):
+    """Qwen writes ``"\\n"`` between an answer's text and its call; the model writing the same must
+    not get it twice when the answer comes back."""
+    out = "Sure." + "\n" + QWEN_CALL
+    thinking, content, calls = parse(out)
+    assert (thinking, content, [(c.name, c.arguments) for c in calls]) == ("", "Sure.", [("configure", ARGS)])
+    p1 = render(template, [Message("user", "Configure it.")], tools=TOOLS)
+    p2 = render(template, [Message("user", "Configure it."), Message("assistant", content, tool_calls=calls),
+                           Message("tool", "done", tool_name="configure")], tools=TOOLS)
+    assert p2.startswith(p1 + out + "<|im_end|>")
 
 
 def test_qwen3_keeps_reasoning_in_the_tool_loop_and_strips_it_before_the_last_question():
