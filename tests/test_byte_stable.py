@@ -16,26 +16,48 @@ Without a model:
 - reasoning is stripped or kept exactly as the template says, and the reply parsers leave the
   whitespace a template writes back itself (around reasoning, before a call) out of the parts.
 
+End to end, through a real ``pollama serve`` (SmolLM2, one slot, ``OLLAMA_DEBUG=1``: the server
+logs each prompt it renders and how much of it the slot had cached) and the official clients:
+
+- a call the model makes (forced: a grammar puts the keys in the schema's order, ``zeta`` before
+  ``alpha``, ``b`` before ``a``) reaches each client in that order and, sent back with its
+  result, is rendered in that order: turn 2's prompt is exactly turn 1's followed by the call and
+  the result as the template writes them, and the cache covers all of turn 1's prompt (the
+  call's own text differs where the model spaced its JSON otherwise than the template does);
+- re-sending a conversation with its answer hits the cache for all of turn 1's prompt and answer
+  (at least prompt + answer - 1 tokens: the last token sampled is never evaluated); where the
+  model wrote a word in other tokens than the tokenizer makes of its text, the cache stops
+  exactly there, the one limit no server removes (the prompt is text, tokenized afresh);
+- reasoning: DeepSeek-R1's template strips it, so the cache covers exactly the tokens turn 1 and
+  turn 2 share (the generation prompt's ``<think>`` is not in turn 2); a Qwen3-Thinking template
+  keeps it in the tool loop, so the cache covers all of it, and every API sends it back the same.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from conftest import SMOLLM2
 from runner.api import ChatTemplate, Message, ToolCall
+from runner.model import load_tokenizer
 from runner.model.ggufmeta import read_gguf_header
 from runner.reply.thinking import ThinkingParser, ThinkTags
 from runner.reply.toolcalls import ToolCallParser
 from runner.server import anthropic_api, ollama_api, openai_api, responses_api, toolwire
 from runner.template import prompt
 from runner.template.features import features
+from serverproc import ServerProcess
+from test_server_tools import _gguf_blob, _install
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
+SMOL = "smollm2:135m"
 
 ARGS = {"zeta": 1, "alpha": {"b": 2, "a": 1}}  # deliberately not in sorted order
 JINJA_ARGS = '{"zeta": 1, "alpha": {"b": 2, "a": 1}}'  # as tojson writes it
@@ -265,3 +287,301 @@ def test_qwen3_keeps_reasoning_in_the_tool_loop_and_strips_it_before_the_last_qu
     assert THOUGHT not in p2 and "It worked." not in p2
     assert p2.startswith(p1 + QWEN_CALL + "<|im_end|>\n<|im_start|>user\n<tool_response>\ndone\n</tool_response>"
                          "<|im_end|>\n<|im_start|>assistant\nDone.<|im_end|>")
+
+
+# =========================================================================== end to end
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    models = tmp_path_factory.mktemp("models")
+    plain = _gguf_blob(models, shutil.copy(SMOLLM2, tmp_path_factory.mktemp("gguf") / "smol.gguf"))
+    _install(models, "smoltools", plain, (TEMPLATES / "qwen2.5.jinja").read_text())
+    _install(models, "smolgo", plain, (TEMPLATES / "ollama-qwen2.5.gotmpl").read_text())
+    _install(models, "smolr1", plain, (TEMPLATES / "deepseek-r1-distill-qwen.jinja").read_text())
+    _install(models, "smolthink", plain, qwen3_thinking())
+    proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048", "OLLAMA_NUM_PARALLEL": "1", "OLLAMA_CACHE_RAM": "0",
+                          "OLLAMA_DEBUG": "1"}, models_dir=str(models)).start()
+    yield proc
+    assert proc.stop() == 0, proc.last_log
+    assert "Traceback" not in proc.last_log, proc.last_log
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """SmolLM2's tokenizer (pollama's own, the same tokens as the server's llama.cpp one)."""
+    return load_tokenizer(SMOLLM2)
+
+
+@pytest.fixture(scope="module")
+def tokenize(tokenizer):
+    return lambda text: tokenizer.encode(text, add_special=True, parse_special=True)
+
+
+_PROMPT = re.compile(r"prompt: (\d+) inputs, text (.*)$")
+_SLOT = re.compile(r"slot \d+: prompt (\d+) tokens, cached (\d+), evaluating")
+
+
+def served(server: ServerProcess) -> tuple[str, int, int]:
+    """The last prompt the server rendered, its size and how much of it the slot had cached
+    (its debug lines)."""
+    log = server.log().splitlines()
+    text = [json.loads(m.group(2)) for m in map(_PROMPT.search, log) if m][-1]
+    size, cached = [(int(m.group(1)), int(m.group(2))) for m in map(_SLOT.search, log) if m][-1]
+    return text, size, cached
+
+
+def shared(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+ASK = "Set zeta to 3, and alpha to b 2 and a 1."
+RESULT = "<|im_start|>user\n<tool_response>\ndone\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+MODELS = ["smoltools", "smolgo"]  # Qwen2.5's Jinja template, and Ollama's Go template for it
+
+
+def call_turn(model: str, args: dict[str, Any]) -> str:
+    """What turn 2 adds to turn 1's prompt: the call as the model's template writes it, then its result."""
+    text = json.dumps(args, separators=(",", ":") if model == "smolgo" else None)
+    return '<tool_call>\n{"name": "configure", "arguments": ' + text + "}\n</tool_call><|im_end|>\n" + RESULT
+
+
+def check_call(model: str, server: ServerProcess, turn1: tuple[str, int, int], args: dict[str, Any]) -> int:
+    """The client got the arguments in the order the grammar made the model write them, and turn
+    2's prompt is turn 1's plus that call and its result. Returns turn 2's cached count."""
+    assert list(args) == ["zeta", "alpha"] and list(args["alpha"]) == ["b", "a"], args
+    prompt1, size1, _ = turn1
+    prompt2, _, cached = served(server)
+    assert prompt2 == prompt1 + call_turn(model, args)
+    assert cached >= size1  # all of turn 1's prompt: the call's own text is the model's spacing
+    return cached
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_api_chat_round_trip(server, model):
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    # ollama's client has no tool_choice: a format makes the model answer with the call's JSON
+    call = {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": "configure"}, "arguments": PARAMS}}
+    ask = [{"role": "user", "content": ASK}]
+    first = client.chat(model=model, messages=ask, tools=[TOOL], format=call,
+                        options={"temperature": 0, "num_predict": 60})
+    turn1 = served(server)
+    assert turn1[1] == first.prompt_eval_count and first.message.tool_calls, first
+    again = ask + [first.message, {"role": "tool", "content": "done", "tool_name": "configure"}]
+    client.chat(model=model, messages=again, tools=[TOOL], options={"temperature": 0, "num_predict": 2})
+    check_call(model, server, turn1, first.message.tool_calls[0].function.arguments)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_chat_completions_round_trip(server, model):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    ask = [{"role": "user", "content": ASK}]
+    first = client.chat.completions.create(model=model, messages=ask, tools=[TOOL], tool_choice="required",
+                                           temperature=0, max_tokens=60)
+    turn1 = served(server)
+    assert turn1[1] == first.usage.prompt_tokens
+    message = first.choices[0].message
+    again = ask + [message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "done"}]
+    second = client.chat.completions.create(model=model, messages=again, tools=[TOOL], temperature=0, max_tokens=2)
+    cached = check_call(model, server, turn1, json.loads(message.tool_calls[0].function.arguments))
+    assert second.usage.prompt_tokens_details.cached_tokens == cached
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_messages_round_trip(server, model):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    tools = [{"name": "configure", "description": "Configure the device", "input_schema": PARAMS}]
+    ask = [{"role": "user", "content": ASK}]
+    first = client.messages.create(model=model, max_tokens=60, tools=tools, tool_choice={"type": "any"},
+                                   messages=ask, extra_body={"temperature": 0})
+    turn1 = served(server)
+    assert turn1[1] == first.usage.input_tokens + first.usage.cache_read_input_tokens
+    use = next(b for b in first.content if b.type == "tool_use")
+    again = ask + [{"role": "assistant", "content": first.content},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "done"}]}]
+    second = client.messages.create(model=model, max_tokens=2, tools=tools, messages=again,
+                                    extra_body={"temperature": 0})
+    assert second.usage.cache_read_input_tokens == check_call(model, server, turn1, use.input)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_responses_round_trip(server, model):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    tools = [{"type": "function", "name": "configure", "description": "Configure the device", "parameters": PARAMS}]
+    ask = [{"role": "user", "content": ASK}]
+    first = client.responses.create(model=model, input=ask, tools=tools, tool_choice="required", temperature=0,
+                                    max_output_tokens=60)
+    turn1 = served(server)
+    assert turn1[1] == first.usage.input_tokens
+    item = next(i for i in first.output if i.type == "function_call")
+    result = {"type": "function_call_output", "call_id": item.call_id, "output": "done"}
+    second = client.responses.create(model=model, input=ask + list(first.output) + [result], tools=tools,
+                                     temperature=0, max_output_tokens=2)
+    cached = check_call(model, server, turn1, json.loads(item.arguments))
+    assert second.usage.input_tokens_details.cached_tokens == cached
+    # the same turn through previous_response_id renders the same prompt (and hits all of it)
+    client.responses.create(model=model, previous_response_id=first.id, input=[result], tools=tools,
+                            temperature=0, max_output_tokens=2)
+    prompt2, size2, cached2 = served(server)
+    assert prompt2 == turn1[0] + call_turn(model, json.loads(item.arguments)) and cached2 >= size2 - 1
+
+
+# ----------------------------------------------------- a conversation re-sent with its answer
+def check_answer(server: ServerProcess, turn1: tuple[str, int, int], answer: str, answered: int) -> int:
+    """Turn 2's prompt is turn 1's, its answer and the next question; the cache covers all of
+    turn 1's prompt and answer. Returns turn 2's cached count."""
+    prompt1, size1, _ = turn1
+    prompt2, _, cached = served(server)
+    assert answer and prompt2.startswith(prompt1 + answer + "<|im_end|>\n<|im_start|>user\n")
+    assert cached >= size1 + answered - 1, (size1, answered, cached)
+    return cached
+
+
+def test_api_chat_conversation_hits_the_cache(server):
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    ask = [{"role": "user", "content": "Name three colors."}]
+    first = client.chat(model=SMOL, messages=ask, options={"temperature": 0, "num_predict": 12})
+    turn1 = served(server)
+    client.chat(model=SMOL, messages=ask + [first.message, {"role": "user", "content": "And three fruits?"}],
+                options={"temperature": 0, "num_predict": 2})
+    check_answer(server, turn1, first.message.content, first.eval_count)
+
+
+def test_chat_completions_conversation_hits_the_cache(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    ask = [{"role": "user", "content": "Name three fruits."}]
+    first = client.chat.completions.create(model=SMOL, messages=ask, temperature=0, max_tokens=12)
+    turn1 = served(server)
+    second = client.chat.completions.create(
+        model=SMOL, messages=ask + [first.choices[0].message, {"role": "user", "content": "And three nuts?"}],
+        temperature=0, max_tokens=2)
+    cached = check_answer(server, turn1, first.choices[0].message.content, first.usage.completion_tokens)
+    assert second.usage.prompt_tokens_details.cached_tokens == cached
+
+
+def test_messages_conversation_hits_the_cache(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    ask = [{"role": "user", "content": "Name three rivers."}]
+    first = client.messages.create(model=SMOL, max_tokens=12, messages=ask, extra_body={"temperature": 0})
+    turn1 = served(server)
+    second = client.messages.create(model=SMOL, max_tokens=2, extra_body={"temperature": 0}, messages=ask + [
+        {"role": "assistant", "content": first.content}, {"role": "user", "content": "And three lakes?"}])
+    cached = check_answer(server, turn1, first.content[0].text, first.usage.output_tokens)
+    assert second.usage.cache_read_input_tokens == cached
+
+
+def test_responses_conversation_hits_the_cache(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    ask = [{"role": "user", "content": "Name three mountains."}]
+    first = client.responses.create(model=SMOL, input=ask, temperature=0, max_output_tokens=12)
+    turn1 = served(server)
+    second = client.responses.create(model=SMOL, temperature=0, max_output_tokens=2,
+                                     input=ask + list(first.output) + [{"role": "user", "content": "And three hills?"}])
+    cached = check_answer(server, turn1, first.output_text, first.usage.output_tokens)
+    assert second.usage.input_tokens_details.cached_tokens == cached
+
+
+def test_an_answer_split_otherwise_than_the_tokenizer_would_is_cached_up_to_the_split(server, tokenizer):
+    """The limit no server removes: the prompt is text, tokenized afresh each turn, so where the
+    model wrote a word in other tokens than the tokenizer makes of the text (SmolLM2's " c" "atus"
+    where the tokenizer makes " cat" "us"), the cache stops, exactly there."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+    ask = [{"role": "user", "content": "Name three animals."}]
+    first = client.chat.completions.create(model=SMOL, messages=ask, temperature=0, max_tokens=12, logprobs=True)
+    prompt1, size1, _ = served(server)
+    answer = first.choices[0].message.content
+    written = [bytes(t.bytes) for t in first.choices[0].logprobs.content]
+    split = shared(written, [tokenizer.token_to_piece(t) for t in tokenizer.encode(answer)])
+    assert b"".join(written).decode() == answer and split < len(written) - 1
+    second = client.chat.completions.create(
+        model=SMOL, messages=ask + [first.choices[0].message, {"role": "user", "content": "And three birds?"}],
+        temperature=0, max_tokens=2)
+    prompt2, _, cached = served(server)
+    assert prompt2.startswith(prompt1 + answer + "<|im_end|>\n")
+    assert cached == size1 + split == second.usage.prompt_tokens_details.cached_tokens
+
+
+# -------------------------------------------------------------------------------- reasoning
+def test_stripped_reasoning_leaves_the_cache_what_both_turns_share(server, tokenize):
+    """DeepSeek-R1's template opens ``<think>`` in the generation prompt and drops the reasoning
+    from the history: turn 2 shares turn 1's prompt up to that tag, and the cache covers exactly
+    that much, none of the reasoning."""
+    import ollama
+
+    client = ollama.Client(host=server.url)
+    ask = [{"role": "user", "content": "Name three stars."}]
+    first = client.chat(model="smolr1", messages=ask, think=True, options={"temperature": 0, "num_predict": 12})
+    prompt1, size1, _ = served(server)
+    assert first.message.thinking and not first.message.content and size1 == len(tokenize(prompt1))
+    client.chat(model="smolr1", messages=ask + [first.message, {"role": "user", "content": "And three moons?"}],
+                think=True, options={"temperature": 0, "num_predict": 2})
+    prompt2, _, cached = served(server)
+    assert prompt1.endswith("<｜Assistant｜><think>\n") and first.message.thinking not in prompt2
+    assert prompt2.startswith(prompt1.removesuffix("<think>\n") + "<｜end▁of▁sentence｜><｜User｜>And three moons?")
+    assert cached == shared(tokenize(prompt1), tokenize(prompt2)) < size1
+
+
+def test_kept_reasoning_is_all_cached_and_every_api_sends_it_back_the_same(server):
+    """Qwen3-Thinking's template keeps the reasoning of the turns after the last question: the
+    reasoning SmolLM2 wrote (cut off by max_tokens), sent back with a call, is rendered exactly as
+    it was written, so the cache covers turn 1's prompt and all of it. The same turn 2 through
+    each API renders the same prompt."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused")
+    tools = [{"name": "configure", "description": "Configure the device", "input_schema": PARAMS}]
+    ask = [{"role": "user", "content": "What should I set zeta to?"}]
+    first = client.messages.create(model="smolthink", max_tokens=12, tools=tools, messages=ask,
+                                   thinking={"type": "enabled", "budget_tokens": 1024}, extra_body={"temperature": 0})
+    prompt1, size1, _ = served(server)
+    assert first.content[0].type == "thinking" and first.stop_reason == "max_tokens"
+    assert not "".join(b.text for b in first.content if b.type == "text")
+    thought = first.content[0].thinking
+    use = {"type": "tool_use", "id": "call_1", "name": "configure", "input": ARGS}
+    client.messages.create(model="smolthink", max_tokens=1, tools=tools, extra_body={"temperature": 0}, messages=ask + [
+        {"role": "assistant", "content": [*first.content, use]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "done"}]}])
+    prompt2, size2, cached = served(server)
+    assert prompt2.startswith(prompt1 + thought + "\n</think>\n\n<tool_call>\n" + '{"name": "configure", "arguments": '
+                              + JINJA_ARGS + "}\n</tool_call><|im_end|>\n" + RESULT)
+    assert cached >= size1 + first.usage.output_tokens - 1
+    bodies = {
+        "/api/chat": {"messages": ask + [
+            {"role": "assistant", "content": "", "thinking": thought,
+             "tool_calls": [{"function": {"name": "configure", "arguments": ARGS}}]},
+            {"role": "tool", "content": "done", "tool_name": "configure"}], "options": {"num_predict": 1}},
+        "/v1/chat/completions": {"max_tokens": 1, "messages": ask + [
+            {"role": "assistant", "content": None, "reasoning_content": thought, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "configure", "arguments": GO_ARGS}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"}]},
+        "/v1/responses": {"max_output_tokens": 1, "input": ask + [
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": thought}]},
+            {"type": "function_call", "call_id": "call_1", "name": "configure", "arguments": JINJA_ARGS},
+            {"type": "function_call_output", "call_id": "call_1", "output": "done"}]},
+    }
+    for path, body in bodies.items():
+        wire_tools = ([{"type": "function", **TOOL["function"]}] if path == "/v1/responses" else [TOOL])
+        r = httpx.post(server.url + path, timeout=120, json={"model": "smolthink", "tools": wire_tools, "stream": False,
+                                                             "temperature": 0, **body})
+        assert r.status_code == 200, r.text
+        assert served(server)[0] == prompt2, path
