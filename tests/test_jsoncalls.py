@@ -136,7 +136,7 @@ def test_the_templates_own_syntax_is_unchanged(step):
     assert names(calls) == PARIS and "".join(pieces) == ""
     # JSON first, then a tagged call: the JSON is content again and the tag still parses
     pieces, _, calls = stream(parser("qwen2.5"), '{"note": 1} ' + qwen, step)
-    assert names(calls) == PARIS and "".join(pieces) == '{"note": 1} '
+    assert names(calls) == PARIS and "".join(pieces) == '{"note": 1}'
     # Mistral's tag starts with a bracket, as a list of calls does
     mistral = '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'
     pieces, _, calls = stream(parser("mistral-small-3.1"), mistral, step)

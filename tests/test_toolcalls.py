@@ -164,15 +164,15 @@ def test_text_then_calls(step):
     out = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n' \
           '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>'
     pieces, calls = stream(ToolCallParser(QWEN, frozenset({"get_weather", "add"})), out, step)
-    assert "".join(pieces) == "Let me check. "
+    assert "".join(pieces) == "Let me check."  # the space before the tag is the call's, not the text's
     assert names(calls) == [("get_weather", {"city": "Paris"}, 0), ("add", {"a": 1}, 1)]
     assert all(c.id.startswith("call_") and len(c.id) == 13 for c in calls)
 
 
 def test_partial_tag_is_held_back_then_released():
     parser = ToolCallParser(QWEN)
-    assert parser.feed("a <tool") == ("a ", [])  # might be a tag: held
-    assert parser.feed("box> b") == ("<toolbox> b", [])  # it was not
+    assert parser.feed("a <tool") == ("a", [])  # might be a tag (and the space before it the call's): held
+    assert parser.feed("box> b") == (" <toolbox> b", [])  # it was not
     assert parser.feed("<tool_") == ("", [])
     assert parser.finish() == ("<tool_", [])  # the end came: it is text
 

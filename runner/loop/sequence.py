@@ -10,6 +10,7 @@ to run it (prompt tokens, ``num_keep``, sampler settings, grammar) and its
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -114,10 +115,14 @@ class Prompter:
         """The sequence for ``request`` (a chat when it has ``messages``, else a completion of its
         ``prompt``), prepared by :func:`runner.prepare.prepare`. Its renders (the prompt's, history
         truncation's, the template's feature probes) share one render budget, or the caller's
-        when it shares one already. Raises InvalidRequest / PromptTooLong / Cancelled
-        (rendering was cancelled)."""
+        when it shares one already. At debug level (``OLLAMA_DEBUG``) the prompt's text is
+        logged, one line. Raises InvalidRequest / PromptTooLong / Cancelled (rendering was
+        cancelled)."""
         with _prompt.sharing(_prompt.RenderBudget(cancel=request.cancel)):
-            return self._sequence(*self._prompt_of(request), request)
+            tokens, text, template = self._prompt_of(request)
+            if log.isEnabledFor(logging.DEBUG):  # Ollama's "chat request" debug line: the prompt as rendered
+                log.debug("prompt: %d inputs, text %s", len(tokens), json.dumps(text, ensure_ascii=False))
+            return self._sequence(tokens, text, template, request)
 
     def count(self, request: Request) -> int:
         """How many inputs the prompt of ``request`` is, as :meth:`sequence` would make it (the

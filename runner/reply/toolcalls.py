@@ -12,7 +12,8 @@ does for its Go templates and llama.cpp's chat parser does for Jinja ones.
 :class:`ToolCallParser` follows the output as it streams:
 
 - text before a call streams as content; the end of the text that could be the start of the
-  tag is held back, like a partial stop sequence;
+  tag is held back, like a partial stop sequence, and so is trailing whitespace: before a call
+  it is the template's separator (Qwen's ``"\n"``), which the template writes back itself;
 - after the tag, the JSON is collected until its brackets balance; then each call in it is
   emitted once, with its arguments parsed (a dict);
 - JSON that does not parse, a call of a tool the request did not offer, or a call cut off by the
@@ -264,10 +265,15 @@ class ToolCallParser:
             before = buf[:k]
             if self._after_call:
                 before = before.lstrip()
-            content.append(before)
-            self._begin_call(tag, buf[k + len(tag):])
+            # the whitespace before the tag is the template's, which it writes back between the
+            # text and the call: not content (given back with the call if the call is not one)
+            text = before.rstrip()
+            content.append(text)
+            self._begin_call(before[len(text):] + tag, buf[k + len(tag):])
             return True
         hold = 0 if final else _partial_tail(buf, tag)
+        if not final:  # trailing whitespace may precede a tag: hold it until that is known
+            hold += len(buf) - hold - len(buf[: len(buf) - hold].rstrip())
         shown = buf[: len(buf) - hold]
         if self._after_call:
             if not shown.strip():  # whitespace between calls: dropped unless text follows

@@ -78,8 +78,11 @@ class Struct:
 
 
 class JSONMap(dict):
-    """A Go map whose type has a ``String()`` method returning its JSON (Ollama's
-    ``templateArgs`` and ``templateProperties``): printed as JSON, otherwise a map."""
+    """An ordered map whose type has a ``String()`` method returning its JSON (Ollama's
+    ``ToolCallFunctionArguments`` and ``ToolPropertiesMap``): printed as JSON, otherwise a map.
+    Unlike a Go map, its keys keep the order they came in, when ranged over and in its JSON
+    (nested objects too): a call's arguments are written back as the model or the client wrote
+    them, so a conversation sent again renders to the same prompt."""
 
 
 class JSONList(list):
@@ -795,6 +798,11 @@ def _sorted_keys(mapping: Mapping[Any, Any]) -> list[Any]:
         return list(mapping)
 
 
+def _map_keys(mapping: Mapping[Any, Any]) -> list[Any]:
+    """The order ``range`` visits a map in: a Go map's sorted keys, a :class:`JSONMap`'s own."""
+    return list(mapping) if isinstance(mapping, JSONMap) else _sorted_keys(mapping)
+
+
 def _truth(value: Any) -> bool:
     if value is NO_VALUE or value is None:
         return False
@@ -1068,7 +1076,9 @@ def _go_json(value: Any) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: Any, ordered: bool = False) -> Any:
+    """``value`` as the JSON encoding/json writes for it: a Go map's keys sorted, but a
+    :class:`JSONMap`'s, and those of the objects inside it (``ordered``), in their own order."""
     if value is NO_VALUE:
         return None
     if isinstance(value, Struct):
@@ -1076,9 +1086,11 @@ def _jsonable(value: Any) -> Any:
             return _jsonable(value.json)
         return {k: _jsonable(v) for k, v in value.fields.items()}
     if isinstance(value, dict):
-        return {str(k): _jsonable(value[k]) for k in _sorted_keys(value)}
+        ordered = ordered or isinstance(value, JSONMap)
+        keys = list(value) if ordered else _sorted_keys(value)
+        return {str(k): _jsonable(value[k], ordered) for k in keys}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, ordered) for v in value]
     if isinstance(value, float) and value == int(value) and abs(value) < 1e21:
         return int(value)
     return value
@@ -1245,7 +1257,7 @@ class _State:
         elif isinstance(value, (list, tuple)):
             items = iter(enumerate(value))
         elif isinstance(value, dict):
-            items = ((k, value[k]) for k in _sorted_keys(value))
+            items = ((k, value[k]) for k in _map_keys(value))
         elif isinstance(value, int) and not isinstance(value, bool):
             if value < 0:
                 value = 0

@@ -27,7 +27,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from . import builtins as chattemplates, ollama as ollamatemplate, sandbox
-from ..api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool
+from ..api import ChatTemplate, InvalidRequest, Message, ModelInfo, Tool, ToolCall
 from .sandbox import DEFAULT_LIMITS, BudgetExceeded, RenderBudget, RenderLimits, sharing
 
 __all__ = ["DEFAULT_LIMITS", "BudgetExceeded", "ChatTemplate", "RenderBudget", "RenderLimits", "chat_prompt",
@@ -66,14 +66,37 @@ def model_template(info: ModelInfo, store_template: str | None = None) -> ChatTe
     return ChatTemplate("plain", "", "the GGUF has no chat template")
 
 
+class Arguments(dict):
+    """A tool call's arguments as a Jinja template sees them: the object, keys in the order
+    they came in (``tojson``, ``items()``, ``is mapping``), whose text, where a template writes
+    it as one (``{{ arguments }}``, ``~``, or ``+`` with a string, as templates made for
+    OpenAI's string arguments do: DeepSeek-R1's), is its JSON as ``tojson`` writes it, not
+    Python's repr. So every template writes a call back the one way, whichever API sent it."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __add__(self, other: Any) -> Any:
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other: Any) -> Any:
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+
+def _call_dict(call: ToolCall) -> dict[str, Any]:
+    out = call.wire()
+    out["function"]["arguments"] = Arguments(call.arguments)
+    return out
+
+
 def message_dict(m: Message) -> dict[str, Any]:
     """A message as HF and llama.cpp templates read it: ``tool_calls`` (with ``function.arguments``
-    a dict), ``tool_call_id`` and ``name`` (a tool message's tool), ``reasoning_content`` (an
-    assistant's thinking). Keys are present only when set: templates test ``'tool_calls' in
-    message`` or ``message.x is defined``."""
+    an :class:`Arguments` object), ``tool_call_id`` and ``name`` (a tool message's tool),
+    ``reasoning_content`` (an assistant's thinking). Keys are present only when set: templates
+    test ``'tool_calls' in message`` or ``message.x is defined``."""
     out: dict[str, Any] = {"role": m.role, "content": m.content}
     if m.tool_calls:
-        out["tool_calls"] = [c.wire() for c in m.tool_calls]
+        out["tool_calls"] = [_call_dict(c) for c in m.tool_calls]
     if m.thinking:
         out["reasoning_content"] = m.thinking
     if m.tool_name:
