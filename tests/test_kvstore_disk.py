@@ -54,6 +54,8 @@ def test_a_saved_state_is_found_after_a_restart(tmp_path):
     assert shorter is not None and shorter.n == 50 and shorter.state_n == 100
     assert b.lookup([999] + conv) is None
     assert store_on(tmp_path, fp=OTHER).lookup(conv) is None  # another model never reads it
+    (path,) = files(tmp_path)  # a conversation's tokens are in it: the user's alone
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
 
 
 def test_ram_wins_a_tie_and_disk_serves_what_ram_lost(tmp_path):

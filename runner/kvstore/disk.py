@@ -14,7 +14,8 @@ of another model or setting is never found: its key chains from another fingerpr
 
 Files are written whole under a temporary name and renamed into place (the model store's
 :func:`runner.store.blobs.write_atomic`), so a reader, in this process or another server's on the
-same folder, sees a file whole or not at all; every path comes from the folder's own
+same folder, sees a file whole or not at all. A file holds a conversation's tokens: it is the
+user's alone (0600, in a 0700 folder). Every path comes from the folder's own
 :class:`runner.store.layout.Layout`, which proves it inside ``POLLAMA_CACHE_DIR``. Writes happen on
 a thread of their own (:meth:`DiskStore.save_later`): the batch loop never waits on the disk.
 What is pending is bounded (:data:`PENDING_LIMIT`); past it, a save is dropped, not waited for.
@@ -215,8 +216,9 @@ class DiskStore:
         digest = hashlib.blake2b(prefix, digest_size=DIGEST)
         digest.update(header)
         digest.update(state)
-        self._folder().mkdir(parents=True, exist_ok=True)
-        write_atomic(self.layout, self._path(name), [prefix, header, state, digest.digest()])
+        folder = self._folder()
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(self.layout, self._path(name), [prefix, header, state, digest.digest()], mode=0o600)
         with self._lock:
             self._scanned.add(name)
             self._index.put(chain_, name, size)

@@ -69,16 +69,18 @@ def create_temporary(layout: Layout, folder: Path, kind: str) -> tuple[int, Path
     raise AssertionError("unreachable")
 
 
-def write_atomic(layout: Layout, path: Path, data: bytes | Iterable[bytes | bytearray | memoryview]) -> None:
+def write_atomic(layout: Layout, path: Path, data: bytes | Iterable[bytes | bytearray | memoryview],
+                 mode: int = 0o644) -> None:
     """Replace ``path`` (a store path) with ``data`` (bytes, or pieces written in turn), all or
-    nothing: readers see the old file or the whole new one, never a part."""
+    nothing: readers see the old file or the whole new one, never a part. ``mode``: the file's
+    permissions (the prompt store's files, which hold conversations, are the user's alone)."""
     path = layout.recheck(path)
     fd, tmp = create_temporary(layout, path.parent, "tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             for piece in [data] if isinstance(data, bytes) else data:
                 fh.write(piece)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, layout.recheck(path))
     except BaseException:
         _unlink_quietly(tmp)
