@@ -293,6 +293,17 @@ def test_the_store_restores_to_the_input_and_never_the_whole_prompt():
     assert run_turn(cache, a[:45] + [1, 2]) == 46  # the whole prompt is stored: one is evaluated
 
 
+def test_a_gain_under_a_block_is_evaluated_and_the_state_stays_stored():
+    kv = StateKv()
+    cache = store_cache(kv)
+    a = tokens(100)
+    run_turn(cache, a)
+    run_turn(cache, tokens(60, start=5000))  # A to the store
+    assert run_turn(cache, a[:10] + tokens(40, start=9000)) == 0  # shares 10 with A: not worth a restore
+    assert kv.imports == [] and cache.store.holds(a)  # A stays stored for A
+    assert run_turn(cache, a + [1]) == 100
+
+
 def test_a_slot_keeping_most_of_its_inputs_is_not_saved():
     kv = StateKv()
     cache = store_cache(kv)

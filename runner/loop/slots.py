@@ -258,7 +258,10 @@ class InputCache:
         (llama-server's too): the slot holds it, and saves it again when it loses it."""
         assert self.store is not None
         found = self.store.lookup(prompt)
-        better = found is not None and image_start(prompt, min(found.n, len(prompt) - 1)) > num_past
+        # worth a restore only for a block or more beyond what the slot holds: a prompt sharing a
+        # word or two with a stored conversation evaluates them in a blink, and the state stays
+        # stored (a restore takes it out of RAM) for the conversation it belongs to
+        better = found is not None and image_start(prompt, min(found.n, len(prompt) - 1)) >= num_past + self.store.block
         if num_past < len(slot.inputs) / 2 or better:
             self._save(slot)
         if not better:
