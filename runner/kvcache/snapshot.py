@@ -112,17 +112,11 @@ class Writer:
 
     def k_rows(self, i: int) -> np.ndarray:
         """Layer ``geometry.layers[i]``'s K rows to fill: uint8 ``(n, k_row)``, position order."""
-        start, ly = self._offset(i), self.geometry.layers[i]
-        return self._body[start : start + self.n * ly.k_row].reshape(self.n, ly.k_row)
+        return _layer_rows(self._body[self._rows :], self.geometry, self.n, i, value=False)
 
     def v_rows(self, i: int) -> np.ndarray:
         """Layer ``geometry.layers[i]``'s V rows to fill: uint8 ``(n, v_row)``, position order."""
-        ly = self.geometry.layers[i]
-        start = self._offset(i) + self.n * ly.k_row
-        return self._body[start : start + self.n * ly.v_row].reshape(self.n, ly.v_row)
-
-    def _offset(self, i: int) -> int:
-        return self._rows + self.n * sum(ly.k_row + ly.v_row for ly in self.geometry.layers[:i])
+        return _layer_rows(self._body[self._rows :], self.geometry, self.n, i, value=True)
 
     def finish(self) -> bytearray:
         """The state, checksummed (the writer must not be used afterwards)."""
@@ -147,17 +141,11 @@ class Snapshot:
 
     def k_rows(self, i: int) -> np.ndarray:
         """Layer ``geometry.layers[i]``'s K rows: uint8 ``(n, k_row)``, position order."""
-        start, ly = self._offset(i), self.geometry.layers[i]
-        return self._body[start : start + self.n * ly.k_row].reshape(self.n, ly.k_row)
+        return _layer_rows(self._body, self.geometry, self.n, i, value=False)
 
     def v_rows(self, i: int) -> np.ndarray:
         """Layer ``geometry.layers[i]``'s V rows: uint8 ``(n, v_row)``, position order."""
-        ly = self.geometry.layers[i]
-        start = self._offset(i) + self.n * ly.k_row
-        return self._body[start : start + self.n * ly.v_row].reshape(self.n, ly.v_row)
-
-    def _offset(self, i: int) -> int:
-        return self.n * sum(ly.k_row + ly.v_row for ly in self.geometry.layers[:i])
+        return _layer_rows(self._body, self.geometry, self.n, i, value=True)
 
 
 def read(data: bytes | bytearray | memoryview) -> Snapshot:
@@ -230,3 +218,14 @@ def unpack(data: bytes | bytearray | memoryview, count: int) -> list[memoryview]
         parts.append(view[at : at + length])
         at += length
     return parts
+
+
+def _layer_rows(rows: np.ndarray, geometry: Geometry, n: int, i: int, value: bool) -> np.ndarray:
+    """The K (or with ``value`` the V) rows of layer ``geometry.layers[i]`` in the rows region
+    ``rows`` of a state of ``n`` cells (per layer: n K rows, then n V rows): uint8 ``(n, row)``."""
+    start = n * sum(ly.k_row + ly.v_row for ly in geometry.layers[:i])
+    ly = geometry.layers[i]
+    if value:
+        start += n * ly.k_row
+    width = ly.v_row if value else ly.k_row
+    return rows[start : start + n * width].reshape(n, width)
