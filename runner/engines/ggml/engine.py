@@ -123,14 +123,15 @@ class GGMLEngine:
     def batch_begin(self) -> None:
         self._batch = ([], [], [], [])
 
-    def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
-        toks, positions, seqs, outputs = self._batch
+    def batch_add(self, tokens: list[int], pos: int, seq_id: int, outputs: int = 1) -> int:
+        toks, positions, seqs, rows = self._batch
         first = len(toks)
+        end = first + len(tokens)
         toks.extend(tokens)
         positions.extend(range(pos, pos + len(tokens)))
         seqs.extend([seq_id] * len(tokens))
-        outputs.append(first + len(tokens) - 1)
-        return first + len(tokens) - 1
+        rows.extend(range(max(end - outputs, first), end) if outputs > 1 else (end - 1,))
+        return end - 1
 
     def prepare(self) -> None:
         toks, positions, seqs, outputs = self._batch
