@@ -42,8 +42,6 @@ ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
 #: room for ``1 + MAX_DRAFT`` output rows per sequence)
 MAX_DRAFT = 32
-#: the most drafted tokens per step unless the request says otherwise (``draft_num_predict``)
-DEFAULT_DRAFT = 16
 #: draft only when the expected tokens per unit of time beat not drafting by this factor
 GAIN = 1.05
 #: a sequence's acceptance before any of its drafts was verified
@@ -158,7 +156,7 @@ class Speculation:
         """The tokens to verify after ``generated``'s last (just sampled) token: at most
         ``limit`` (what the context, ``num_predict`` and the batch leave), none while ``others``
         other sequences share the runner's batches. Pure: asking again gives the same draft."""
-        most = min(seq.depth, limit)
+        most = min(seq.depth, limit) if self.enabled else 0
         if most <= 0 or others > 0 or len(generated) < seq.acceptance.paused_until:
             return []
         guess = seq.drafter.propose(generated, most)
