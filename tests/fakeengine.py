@@ -16,8 +16,9 @@ tokens. A ``format`` is a toy grammar: at step k the tokens with ``(id + k) % 5 
 forbidden (so a drafted token can be one the grammar refuses).
 
 The KV memory is a dict per sequence (position -> token) with ``seq_rm``, ``seq_cp`` and
-``shift``; a row's logits need positions ``0..pos`` all present, else the decode fails (a hole
-means the loop lost track of its cache).
+``shift``; a row's logits need positions ``0..pos`` all present, and a token may not go to a
+position the sequence still holds (a KV cache would keep both cells), else the decode fails: the
+loop lost track of its cache.
 """
 
 from __future__ import annotations
@@ -198,7 +199,10 @@ class FakeEngine:
             started.set()
         for token, pos, seq, _ in batch:
             assert 0 <= token < self.n_vocab, f"token {token} at {pos} not filled in"
-            self.kv.seq(seq)[pos] = token
+            cells = self.kv.seq(seq)
+            # a KV cache adds a cell: one left at this position would be attended to as well
+            assert pos not in cells, f"sequence {seq} still holds a cell at position {pos}"
+            cells[pos] = token
         self._logits = {}
         self._positions = {row: pos for row, (_, pos, _, _) in enumerate(batch)}
         for row, (_, pos, seq, output) in enumerate(batch):
