@@ -102,8 +102,10 @@ class Options:
     frequency_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)
     # speculative decoding (runner.spec): the most tokens drafted per step, 0 = off (the runner
-    # drafts fewer, or none, where its acceptance and the cost of a step say so; at most 32)
-    draft_num_predict: int = 16
+    # drafts fewer, or none, where its acceptance and the cost of a step say so; at most 32).
+    # Off by default until bench/ shows the controller never slower: on a loaded 2-core machine a
+    # rewrite whose drafts all failed ran at 0.89-0.91x (issue 26 note, 2026-11-25)
+    draft_num_predict: int = 0
     # runner (load-time) options
     num_ctx: int = 0
     num_batch: int = 512

@@ -24,7 +24,7 @@ CODE = ("def add(a, b):\n    total = a + b\n    return total\n\n"
         "def mul(a, b):\n    total = a * b\n    return total\n\n# rename total to result\n\ndef add(a, b):\n")
 UTF8 = "un café a 3 €, deux cafés a 6 €, trois cafés a 9 €, un café a 3 €, deux "
 EOG = "the cat sat. the dog ran. the cat sat. the dog ran# the cat sat. the"  # "#": end of generation
-GREEDY = dict(temperature=0.0, repeat_penalty=1.0)
+GREEDY = dict(temperature=0.0, repeat_penalty=1.0, draft_num_predict=16)  # drafts on: off by default (runner/api.py)
 
 CASES = [
     ("code", CODE, dict(num_predict=120)),
