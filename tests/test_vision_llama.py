@@ -21,6 +21,7 @@ from runner import config
 from runner.api import InvalidModel, InvalidRequest, Message, NoVision, Options, Request
 from runner.images import image_from_bytes
 from tests.conftest import STORIES, collect
+from tests.conftest import fresh_cache_dir
 from tests.mmproj import MMProjSpec, write_mmproj
 from tests.test_gemma3 import gemma3  # noqa: F401  (the fixture)
 
@@ -43,7 +44,7 @@ def mmproj(tmp_path_factory) -> Path:
 
 
 def _load(model: Path, projector: Path | None, **options):
-    cfg = dataclasses.replace(config.load({}), new_engine=False)
+    cfg = dataclasses.replace(config.load({}), new_engine=False, cache_dir=fresh_cache_dir())
     opts = Options().merged({"num_ctx": 512, "num_batch": 64, **options})
     return runner.load(runner.resolve(str(model), cfg, projector=str(projector) if projector else None), opts, cfg,
                        num_parallel=1)
@@ -125,6 +126,23 @@ def test_second_turn_reuses_the_image_without_encoding_it(vision):
     assert vision.model_engine.vision.stats.encodes == before.encodes + 2
 
 
+def test_a_conversation_with_an_image_resumes_from_the_prompt_store(vision):
+    """The prompt store keys an image's positions by the image's identity: a conversation that lost
+    the only slot to another comes back with its image's positions restored, not decoded again."""
+    image = image_from_bytes(picture(96, 128, seed=21))
+    opts = Options().merged({**GREEDY, "num_predict": 6})
+    a = [Message("user", "What does this show?", images=[image])]
+    text1, final1 = collect(vision.stream(Request(messages=a, options=opts)))
+    collect(vision.stream(Request(messages=[Message("user", "Tell me about foxes and their dens.")],
+                                  options=opts)))  # takes the slot: A goes to the store
+    before = dataclasses.replace(vision.model_engine.vision.stats)
+    a += [Message("assistant", text1), Message("user", "And the colours?")]
+    _, final2 = collect(vision.stream(Request(messages=a, options=opts)))
+    assert final2.metrics.prompt_cache_source == "ram"
+    assert final2.metrics.prompt_cached_count >= final1.metrics.prompt_tokens - 1  # image positions included
+    assert vision.model_engine.vision.stats.decodes == before.decodes  # its positions came back restored
+
+
 def test_the_image_embedding_is_cached_across_slots_of_a_conversation(vision):
     """The same image later in a new conversation (its slot reused from scratch) is decoded again
     but not encoded: the embedding stays on the host."""
@@ -204,7 +222,8 @@ def test_two_conversations_with_images_at_once_answer_as_alone(gemma3, mmproj, p
                    for k in range(2)]
         alone = [_greedy_steps(r, m, opts) for m in prompts]
         r.close()
-        cfg = dataclasses.replace(config.load({}), new_engine=False, pipeline=pipeline)
+        # a prompt store of its own: another test's runner may have stored these very conversations
+        cfg = dataclasses.replace(config.load({}), new_engine=False, pipeline=pipeline, cache_dir=fresh_cache_dir())
         r2 = runner.load(runner.resolve(str(gemma3), cfg, projector=str(mmproj)),
                          Options().merged({"num_ctx": 256, "num_batch": 64}), cfg, num_parallel=2)
         together: list[list] = [[], []]
