@@ -59,6 +59,7 @@ HELP_PARAMETERS = """Available Parameters:
   /set parameter repeat_penalty <float> How strongly to penalize repetitions
   /set parameter repeat_last_n <int>    Set how far back to look for repetitions
   /set parameter stop <string> <string> ...   Set the stop parameters
+  /set parameter draft_num_predict <int> Most tokens drafted per step (0: no speculative decoding)
 """
 
 HELP_SHOW = """Available Commands:
@@ -84,7 +85,7 @@ HELP_SHORTCUTS = """Available keyboard shortcuts:
 
 PARAMETER_NAMES = (
     "num_ctx", "num_keep", "num_predict", "temperature", "top_k", "top_p", "min_p", "seed",
-    "repeat_penalty", "repeat_last_n", "stop",
+    "repeat_penalty", "repeat_last_n", "stop", "draft_num_predict",
 )
 
 

@@ -167,6 +167,8 @@ def metrics_block(m: Metrics, engine: str) -> str:
     if m.eval_duration > 0:
         lines.append(f"eval duration:        {go_duration(m.eval_duration)}")
         lines.append(f"eval rate:            {m.eval_count / (m.eval_duration / 1e9):.2f} tokens/s")
+    if m.draft_n:  # speculative decoding drafted: how many of its guesses the model took
+        lines.append(f"draft tokens:         {m.draft_n_accepted}/{m.draft_n}")
     lines.append(f"engine:               {engine}")
     return "\n".join(lines)
 

@@ -41,6 +41,7 @@ from .loading.resolve import ResolvedModel, model_info, resolve
 from .loop.engine import Engine
 from .loop.pipeline import InlineDecoder, ThreadDecoder
 from .loop.runner import BatchRunner
+from .spec.controller import Speculation
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",
@@ -82,7 +83,8 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
-                         store=_prompt_store(engine, info, plan, cfg))
+                         store=_prompt_store(engine, info, plan, cfg),
+                         speculation=Speculation(enabled=cfg.speculative))
     runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()

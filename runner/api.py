@@ -101,6 +101,11 @@ class Options:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)
+    # speculative decoding (runner.spec): the most tokens drafted per step, 0 = off (the runner
+    # drafts fewer, or none, where its acceptance and the cost of a step say so; at most 32).
+    # Off by default until bench/ shows the controller never slower: on a loaded 2-core machine a
+    # rewrite whose drafts all failed ran at 0.89-0.91x (issue 26 note, 2026-11-25)
+    draft_num_predict: int = 0
     # runner (load-time) options
     num_ctx: int = 0
     num_batch: int = 512
@@ -354,6 +359,8 @@ class Metrics:
     eval_duration: int = 0
     load_duration: int = 0
     total_duration: int = 0
+    draft_n: int = 0  # tokens drafted (speculative decoding) and verified
+    draft_n_accepted: int = 0  # of which the model agreed with (each saved a decode step)
 
     @property
     def prompt_tokens(self) -> int:

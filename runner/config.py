@@ -55,6 +55,9 @@ class Config:
     cache_ram: int = DEFAULT_CACHE_RAM  # OLLAMA_CACHE_RAM: MiB for saved prompt states; 0: off
     cache_dir: Path = Path("~/.pollama/cache")  # POLLAMA_CACHE_DIR: the prompt store's disk tier
     cache_disk: int = DEFAULT_CACHE_DISK  # POLLAMA_CACHE_DISK: MiB on disk for saved prompt states; 0: off
+    # POLLAMA_SPECULATIVE: draft tokens by prompt lookup and verify them in one decode (runner.spec);
+    # "off" (or 0/false/no) turns it off for every request, whatever its draft_num_predict
+    speculative: bool = True
 
     @property
     def cache_ram_bytes(self) -> int:
@@ -235,4 +238,5 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_ram=_uint(env, "OLLAMA_CACHE_RAM", DEFAULT_CACHE_RAM),
         cache_dir=Path(_clean(env, "POLLAMA_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser(),
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
+        speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
     )

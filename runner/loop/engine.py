@@ -12,7 +12,7 @@ thread); ``decode`` may run on the pipeline's compute thread while the loop thre
 prepares the next batch.
 
 A batch's life: :meth:`Engine.batch_begin`, :meth:`Engine.batch_add` once per sequence (each
-call's last token produces logits; a token not sampled yet is :data:`PLACEHOLDER`),
+call's last token produces logits, or its last few; a token not sampled yet is :data:`PLACEHOLDER`),
 :meth:`Engine.prepare`, :meth:`Engine.fill` for each placeholder, :meth:`Engine.decode`;
 afterwards :meth:`Engine.logits` and :meth:`Engine.sample` read the rows of that decode. At most
 two batches are alive: one decoding, and the next one being built and prepared meanwhile
@@ -74,11 +74,14 @@ class Engine(Protocol):
     def batch_begin(self) -> None:
         """Start building a new, empty batch (the one decoding, if any, is not touched)."""
 
-    def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
+    def batch_add(self, tokens: list[int], pos: int, seq_id: int, outputs: int = 1) -> int:
         """Append ``tokens`` at positions ``pos..pos+len-1`` of KV sequence ``seq_id`` (a slot
-        id); the last token produces logits. A token may be :data:`PLACEHOLDER` (filled in by
-        :meth:`fill` before the decode). Returns the batch row of the *last* token: the row
-        :meth:`fill`, :meth:`logits` and :meth:`sample` take."""
+        id); the last ``outputs`` tokens (``1 <= outputs <= len(tokens)``) produce logits: one
+        for a prompt chunk or a sampled token, ``1 + K`` for a sampled token and K drafted ones
+        (:mod:`runner.spec`). A token may be :data:`PLACEHOLDER` (filled in by :meth:`fill`
+        before the decode). Returns the batch row of the *last* token: the row :meth:`fill`,
+        :meth:`logits` and :meth:`sample` take; the output rows are consecutive, so token
+        ``len - 1 - j``'s row is that row minus ``j`` (``j < outputs``)."""
 
     def prepare(self) -> None:
         """Make the batch being built ready to decode but for its placeholders (our engine:

@@ -54,6 +54,8 @@ class Output:
     cached: int = 0  # prompt tokens found in the slot or restored from the prompt store
     cached_from: str = ""  # "slot", "ram", "disk" ("" when none were)
     evaluated: int = 0  # prompt tokens evaluated
+    draft_n: int = 0  # drafted tokens verified (runner.spec)
+    draft_n_accepted: int = 0  # of which the model agreed with
     t_start: int = 0
     t_first: int = 0
     t_last: int = 0
@@ -136,6 +138,8 @@ class Output:
             prompt_eval_duration=max(first - self.t_start, 0) if self.t_start else 0,
             eval_count=self.num_predicted,
             eval_duration=max(end - first, 0),
+            draft_n=self.draft_n,
+            draft_n_accepted=self.draft_n_accepted,
         )  # load_duration and total_duration are the caller's: it knows when the request began
 
     def final(self, reason: DoneReason, prompt: list[Input]) -> Chunk:

@@ -8,11 +8,21 @@ sampled token goes to its sequence's :class:`runner.loop.output.Output`. Request
 :mod:`runner.loop.sequence`; an ``embed`` call is one entry too (:class:`runner.loop.embedding.EmbedJob`):
 token batches and its embedding batches take turns.
 
+Speculative decoding (:mod:`runner.spec`): a sequence whose only pending input is the token it
+just sampled may get a draft, tokens guessed to follow it (prompt lookup), added to the same batch
+row run with an output for each. After the decode the sequence's sampler verifies them row by row
+(:func:`runner.spec.verify.verify`); only the tokens it emits enter the slot's inputs, and the
+rejected positions leave the KV cache (``kv.seq_rm``). The output is the one decoding without a
+draft gives, for the same logits. :class:`runner.spec.controller.Speculation` decides how deep
+to draft, or not at all.
+
 Decodes run through the loop's :class:`runner.loop.pipeline.Decoder`. While a batch still decodes
 (a compute thread), the loop builds and prepares the next one, with a placeholder for each token
 the running batch will sample; after sampling it fills them in, or drops that batch when one of
 its sequences ended meanwhile. A batch whose decode is done at once (inline) is followed by one
-built from the sampled tokens.
+built from the sampled tokens. No batch is built ahead of one that verifies a draft (how many
+tokens it gives is not known), and a batch built ahead is dropped when a sampled token would get
+a draft.
 
 Threading: only the loop thread touches sequences, slots and the KV memory. Callers only append
 to the waiting queue (under ``_lock``) and receive their sequence's output: from a queue they
@@ -27,7 +37,7 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from . import embedding as _embedding
@@ -44,6 +54,8 @@ from ..api import (
     Request,
 )
 from ..kvstore.store import PromptStore
+from ..spec.controller import Speculation
+from ..spec.verify import verify
 from .embedding import EmbedJob
 from .engine import PLACEHOLDER, Engine
 from .pipeline import Decoder, InlineDecoder
@@ -80,6 +92,7 @@ class _Row:
     pos: int  # position of the first token
     samples: bool  # the last token is the prompt's last (or a generated one): sample after it
     row: int = -1  # the engine batch's row of the last token
+    draft: list[int] = field(default_factory=list)  # drafted tokens: the last of ``tokens``, one output each
 
 
 @dataclass(eq=False)
@@ -92,10 +105,11 @@ class BatchRunner:
 
     def __init__(self, engine: Engine, *, template: ChatTemplate, num_ctx: int, num_parallel: int,
                  num_batch: int, multi_user: bool, decoder: Decoder | None = None,
-                 store: PromptStore | None = None) -> None:
+                 store: PromptStore | None = None, speculation: Speculation | None = None) -> None:
         """``template``: the loaded model's, for requests that come without their chosen one;
         ``decoder``: where decodes run (:mod:`runner.loop.pipeline`; default on the loop thread);
-        ``store``: the prompt store the slot cache saves to and restores from (None: none)."""
+        ``store``: the prompt store the slot cache saves to and restores from (None: none);
+        ``speculation``: drafts and their depth (default :class:`Speculation` with its defaults)."""
         self.model_engine = engine
         self.decoder: Decoder = decoder if decoder is not None else InlineDecoder()
         self._ahead: _Batch | None = None  # the next batch, built while the last one decoded
@@ -107,6 +121,7 @@ class BatchRunner:
         self.load_duration = 0  # ns, set by runner.load(): the caller reports it
         self.memory_size = engine.memory_size  # bytes besides the weights; runner.load() fills in an estimate
         self.cache = InputCache(engine.kv, num_ctx * num_parallel, num_parallel, multi_user, store)
+        self.speculation = speculation if speculation is not None else Speculation()
         self.prompter = Prompter(engine, num_ctx, template)
         self._lock = threading.Condition()
         self._waiting: collections.deque[Sequence | EmbedJob] = collections.deque()
@@ -306,6 +321,7 @@ class BatchRunner:
             since = time.perf_counter_ns()
             slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=seq.request.cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
+            seq.drafts = self.speculation.begin(seq.prompt, seq.request.options.draft_num_predict)
             seq.output.started(cached=len(seq.prompt) - len(remaining), evaluated=len(remaining),
                                cached_from=slot.cached_from, since=since)
             self._seqs[i] = seq
@@ -342,7 +358,8 @@ class BatchRunner:
             return
         self.decoder.start(self.model_engine)
         try:
-            ahead = self._build_ahead(order, batch) if self.decoder.running() else None
+            drafts = any(row.draft for row in batch.rows)  # how far its sequences get is not known yet
+            ahead = self._build_ahead(order, batch) if self.decoder.running() and not drafts else None
         finally:
             self.decoder.wait()  # one decode at a time, also when building ahead failed
         self._after_decode(batch, ahead)
@@ -358,13 +375,27 @@ class BatchRunner:
             seq = self._seqs[i]
             if not isinstance(seq, Sequence):
                 continue
-            count = self._plan(i, seq, min(chunk, capacity - total))
+            cap = min(chunk, capacity - total)
+            count = self._plan(i, seq, cap)
             if count:
                 assert seq.slot is not None
-                total += count
                 tokens, seq.inputs = seq.inputs[:count], seq.inputs[count:]
-                taken.append(_Row(i, seq, tokens, len(seq.slot.inputs), samples=not seq.inputs))
+                draft = self._draft(seq, cap - 1) if count == 1 and not seq.inputs else []
+                total += count + len(draft)
+                taken.append(_Row(i, seq, tokens + draft, len(seq.slot.inputs), samples=not seq.inputs, draft=draft))
         return self._engine_batch(taken)
+
+    def _draft(self, seq: Sequence, room: int) -> list[int]:
+        """The draft for a sequence whose only pending input is the token it sampled last (none
+        for a prompt's last token), at most ``room`` tokens, none that would pass the end of
+        the context or ``num_predict``. Pure: asking again before the decode gives the same."""
+        out, slot = seq.output, seq.slot
+        assert slot is not None and seq.drafts is not None
+        if not out.generated:
+            return []
+        limit = min(room, self.num_ctx - len(slot.inputs) - 1, out.num_predict - out.num_predicted - 1)
+        others = sum(entry is not None for entry in self._seqs) - 1
+        return self.speculation.propose(seq.drafts, out.generated, limit, others)
 
     def _build_ahead(self, order: list[int], running: _Batch) -> _Batch | None:
         """The batch after ``running``, built while it decodes: a sequence that samples from
@@ -410,9 +441,9 @@ class BatchRunner:
         return self.num_batch
 
     def _undo(self, taken: list[_Row]) -> None:
-        """Give the rows' known tokens back to their sequences."""
+        """Give the rows' known tokens back to their sequences (not the drafted ones)."""
         for row in taken:
-            known = [t for t in row.tokens if t != PLACEHOLDER]
+            known = [t for t in row.tokens[: len(row.tokens) - len(row.draft)] if t != PLACEHOLDER]
             row.seq.inputs = known + row.seq.inputs
         return None
 
@@ -427,7 +458,7 @@ class BatchRunner:
             taken.sort(key=lambda r: r.seq.slot.id if r.seq.slot is not None else 0)
         for row in taken:
             assert row.seq.slot is not None
-            row.row = engine.batch_add(row.tokens, row.pos, row.seq.slot.id)
+            row.row = engine.batch_add(row.tokens, row.pos, row.seq.slot.id, 1 + len(row.draft))
         try:
             engine.prepare()
         except BaseException:
@@ -445,24 +476,61 @@ class BatchRunner:
             if self._seqs[row.index] is not seq:
                 continue  # ended meanwhile: its results are discarded
             assert seq.slot is not None
+            if row.draft:
+                self._verify(row)
+                continue
             seq.slot.inputs.extend(row.tokens)
             if not row.samples:
                 continue  # still evaluating the prompt
             token = engine.sample(seq.sampler, row.row)
             if not self._on_token(row.index, seq, token, row.row):
                 continue
-            slot_row = waiting.pop(seq, None)
-            if slot_row is not None:
+            slot_row = waiting.get(seq)
+            if slot_row is not None and not self._draft(seq, self.num_batch - 1):
+                del waiting[seq]
                 engine.fill(slot_row.row, token)
                 slot_row.tokens = [token]
-            else:
-                seq.inputs = [token]  # decoded by the next batch, which puts it in the KV cache
+            else:  # decoded by the next batch, which puts it in the KV cache (the one ahead, if
+                seq.inputs = [token]  # any, is dropped: this token gets a draft)
         if ahead is None:
             return
         if waiting or not self._live(ahead):
             self._discard(ahead)
         else:
             self._ahead = ahead
+
+    def _verify(self, row: _Row) -> None:
+        """Sample a row that carries a draft: its sequence's sampler decides each drafted
+        position in turn (:func:`runner.spec.verify.verify`), each token goes to the output as
+        without a draft, and the positions after the last accepted token leave the KV cache."""
+        engine, seq, draft = self.model_engine, row.seq, row.draft
+        slot, out = seq.slot, seq.output
+        assert slot is not None and seq.drafts is not None
+        first = row.row - len(draft)  # the sampled token's row; drafted token i's is first + 1 + i
+        slot.inputs.append(row.tokens[0])
+        out.draft_n += len(draft)
+        at = len(out.generated)
+
+        def emit(i: int, token: int) -> bool:
+            if i:  # draft[i - 1] was right: it is the sequence's input, as if decoded alone
+                slot.inputs.append(draft[i - 1])
+                out.draft_n_accepted += 1
+            return self._on_token(row.index, seq, token, first + i)
+
+        result = verify(draft, lambda i: engine.sample(seq.sampler, first + i), emit)
+        self.speculation.verified(seq.drafts, at, len(draft), result.accepted)
+        if not self.cache.kv.seq_rm(slot.id, len(slot.inputs), None):
+            # a memory that cannot drop a sequence's tail (recurrent): start the slot over,
+            # and draft no more on this model
+            log.warning("the KV memory cannot drop drafted positions: speculative decoding is off for this model")
+            self.speculation.enabled = False
+            self.cache.kv.seq_rm(slot.id, 0, None)
+            if not result.ended:
+                seq.inputs = slot.inputs + [result.tokens[-1]]
+            slot.inputs = []
+            return
+        if not result.ended:
+            seq.inputs = [result.tokens[-1]]
 
     def _live(self, batch: _Batch) -> bool:
         return all(self._seqs[row.index] is row.seq for row in batch.rows)

@@ -22,6 +22,7 @@ from ..api import ChatTemplate, Grammar, Image, InvalidRequest, Message, NoVisio
 from ..sample.grammar import format_grammar
 from ..sample.grammarcheck import GrammarCheck
 from ..sample.toolgrammar import tool_call_grammar
+from ..spec.controller import SeqDrafts
 from ..template import prompt as _prompt
 from ..template.features import features as template_features
 from .engine import Engine
@@ -46,6 +47,7 @@ class Sequence:
     slot: Slot | None = None
     inputs: list[Input] = field(default_factory=list)  # still to evaluate (not in any batch yet)
     sampler: Any = None
+    drafts: SeqDrafts | None = None  # speculative decoding's record of the sequence (runner.spec)
 
     def is_cancelled(self) -> bool:
         return self.cancelled.is_set() or self.request.cancel.is_set()

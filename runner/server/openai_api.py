@@ -229,10 +229,13 @@ def usage(chunk: Chunk) -> dict[str, Any]:
 
 def timings(chunk: Chunk) -> dict[str, Any]:
     """llama-server's ``timings`` object (its speed-bench and similar tools read it): tokens from
-    the cache (slot or prompt store), tokens evaluated and generated, and their milliseconds."""
+    the cache (slot or prompt store), tokens evaluated and generated, and their milliseconds;
+    with speculative decoding, as llama-server only when something was drafted, the drafted
+    tokens and how many the model accepted."""
     m = chunk.metrics
     assert m is not None
     prompt_ms, predicted_ms = m.prompt_eval_duration / 1e6, m.eval_duration / 1e6
+    drafts = {"draft_n": m.draft_n, "draft_n_accepted": m.draft_n_accepted} if m.draft_n else {}
     return {
         "cache_n": m.prompt_cached_count,
         "prompt_n": m.prompt_eval_count,
@@ -243,6 +246,7 @@ def timings(chunk: Chunk) -> dict[str, Any]:
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / m.eval_count if m.eval_count else 0.0,
         "predicted_per_second": m.eval_count / predicted_ms * 1e3 if predicted_ms > 0 else 0.0,
+        **drafts,
     }
 
 

@@ -25,6 +25,7 @@ from ...model.models import Batch, ModelLoadError, supported_architectures
 from ...model.models import load as load_model
 from ...sample import Sampler, SamplerOptions
 from ...sample.grammar import GrammarSampler, VocabOnly
+from ...spec.controller import MAX_DRAFT
 from .embed import CacheLanes
 from .kv import CacheKv
 from .vision import Vision, projector_type
@@ -76,6 +77,8 @@ class GGMLEngine:
         self.vision: Vision | None = None
         try:
             self.model.init_cache(num_ctx * num_parallel, num_parallel, num_batch, load.kv_cache_type)
+            # a decode that verifies a draft has an output row per drafted token (runner.spec)
+            self.model.reserve(num_batch, n_outputs=num_parallel + MAX_DRAFT)
             if info.projector is not None:
                 # the worst-case image batch (num_batch given embeddings) in the compute buffer,
                 # and the encoder's own graph: a vision model that loads cannot fail mid-answer
@@ -123,14 +126,15 @@ class GGMLEngine:
     def batch_begin(self) -> None:
         self._batch = ([], [], [], [])
 
-    def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
-        toks, positions, seqs, outputs = self._batch
+    def batch_add(self, tokens: list[int], pos: int, seq_id: int, outputs: int = 1) -> int:
+        toks, positions, seqs, rows = self._batch
         first = len(toks)
+        end = first + len(tokens)
         toks.extend(tokens)
         positions.extend(range(pos, pos + len(tokens)))
         seqs.extend([seq_id] * len(tokens))
-        outputs.append(first + len(tokens) - 1)
-        return first + len(tokens) - 1
+        rows.extend(range(max(end - outputs, first), end) if outputs > 1 else (end - 1,))
+        return end - 1
 
     def prepare(self) -> None:
         toks, positions, seqs, outputs = self._batch

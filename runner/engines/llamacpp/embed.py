@@ -60,7 +60,7 @@ class EmbedContext:
         self._batch.n = 0
 
     def add(self, tokens: list[int], pos: int, seq: int) -> int:
-        return self._batch.add(tokens, pos, seq, True)
+        return self._batch.add(tokens, pos, seq, len(tokens))
 
     def decode(self) -> None:
         self._batch.struct.n_tokens = self._batch.n

@@ -130,7 +130,9 @@ class _Batch:
         self.struct.logits = self.logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
         self.n = 0
 
-    def add(self, tokens: list[int], pos: int, seq: int, all_outputs: bool) -> int:
+    def add(self, tokens: list[int], pos: int, seq: int, outputs: int) -> int:
+        """Append ``tokens``; the last ``outputs`` of them (at least one) produce logits.
+        Returns the row of the first token."""
         first, count = self.n, len(tokens)
         end = first + count
         if end > self.capacity:
@@ -138,7 +140,8 @@ class _Batch:
         self.token[first:end] = tokens
         self.pos[first:end] = np.arange(pos, pos + count, dtype=np.int32)
         self.seq[first:end] = seq
-        self.logits[first:end] = 1 if all_outputs else 0
+        self.logits[first:end] = 0
+        self.logits[max(end - outputs, first):end] = 1
         self.logits[end - 1] = 1
         self.n = end
         return first
@@ -252,8 +255,8 @@ class LlamaEngine:
         self._batch = self._batches[self._flip]
         self._batch.n = 0
 
-    def batch_add(self, tokens: list[int], pos: int, seq_id: int) -> int:
-        return self._batch.add(tokens, pos, seq_id, False) + len(tokens) - 1
+    def batch_add(self, tokens: list[int], pos: int, seq_id: int, outputs: int = 1) -> int:
+        return self._batch.add(tokens, pos, seq_id, outputs) + len(tokens) - 1
 
     def prepare(self) -> None:
         self._prepared = self._batch  # llama.cpp places the batch when it decodes it

@@ -1,0 +1,13 @@
+"""Speculative decoding (issue 26): guess a sequence's next tokens cheaply, verify them in one
+decode, keep what the model agrees with.
+
+- :mod:`.drafter`: the :class:`~.drafter.Drafter` protocol, one per sequence: its guesses.
+- :mod:`.ngram`: prompt lookup (llama.cpp's ngram-simple): the continuation of the most recent
+  earlier occurrence of the sequence's last tokens.
+- :mod:`.controller`: :class:`~.controller.Speculation`, how deep to draft: the cost of a decode
+  by rows against the sequence's acceptance so far (draft only when it pays).
+- :mod:`.verify`: the verification of a drafted batch: the sequence's own sampler decides each
+  row in order, the draft stands up to the first disagreement.
+
+The batch loop (:mod:`runner.loop.runner`) uses them; nothing here imports an engine.
+"""

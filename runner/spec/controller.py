@@ -1,0 +1,170 @@
+"""How deep to draft: :class:`Speculation` weighs what a draft is expected to give against what
+its rows cost, per sequence, and drafts only when that beats not drafting.
+
+A decode step of ``1 + k`` rows (the sampled token and ``k`` drafted ones) costs more than one of
+a single row: on GGML's CPU kernels 2 rows cost 2.2x one, 8 rows 4.5x, 16 rows 7.1x (SmolLM2;
+gemma-3-270m is cheaper per row, issue 26 notes §D). If each drafted token is right with
+probability ``a`` given that the ones before it were (the sequence's *acceptance*), the step
+yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k`` pays when that sum over
+``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: with ``a`` = 0.9 about 8 tokens
+(1.3x), with every draft right as deep as allowed (16 tokens: 2.3x), below ``a`` ~ 0.84 none.
+"Draft long or not at all": a draft of one token never pays (2 tokens for 2.2x the cost).
+
+Acceptance is learnt per sequence: a moving average over the drafted positions verified so far
+(accepted ones, and the first rejected one; positions after it tell nothing), starting from
+:data:`PRIOR`. While a sequence does not draft it drifts back towards the prior, so a sequence
+whose text turns repetitive later is probed again. A sequence whose drafts keep failing (no token
+accepted :data:`MAX_FAILS` drafts in a row) stops drafting for :data:`PAUSE` tokens, twice as long
+each time it happens again.
+
+The cost table is fixed (:data:`ROW_COST`), not measured: learnt costs would make the depth, and
+with it the rows a token is computed in, depend on timing noise, and batched rows round
+differently from single ones on these kernels (notes §C), so the same request could give another
+answer on a busy machine. With a fixed table the drafts follow from the tokens alone.
+
+In this first version a sequence drafts only while it is alone in the batch: beside another
+sequence the batch already uses the spare compute (llama.cpp measured 0.77x at 8 slots with
+lookup always on). The caller says how many other sequences are live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from .drafter import Drafter, NoDrafter
+from .ngram import PromptLookup
+
+#: (rows, cost relative to a one-row decode) on GGML's CPU kernels: SmolLM2-135M Q4_1 measured to
+#: 16 rows (issue 26 notes §D; gemma-3-270m is cheaper per row), beyond that extrapolated
+ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5), (16, 7.1), (32, 12.0),
+                                           (64, 22.0))
+#: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
+#: room for ``1 + MAX_DRAFT`` output rows per sequence)
+MAX_DRAFT = 32
+#: draft only when the expected tokens per unit of time beat not drafting by this factor
+GAIN = 1.05
+#: a sequence's acceptance before any of its drafts was verified
+PRIOR = 0.9
+#: weight of one verified position in the moving average of acceptance
+WEIGHT = 0.05
+#: per token generated without a draft, the distance of acceptance from the prior shrinks by this
+RECOVERY = 0.98
+#: drafts in a row with nothing accepted after which a sequence pauses drafting
+MAX_FAILS = 3
+#: the first pause, in generated tokens (doubling each time, up to :data:`MAX_PAUSE`)
+PAUSE = 32
+MAX_PAUSE = 1024
+
+
+class StepCost:
+    """The cost of a decode step by rows, relative to one row: piecewise linear through a table
+    of (rows, cost), extended along its last piece."""
+
+    def __init__(self, table: Sequence[tuple[int, float]] = ROW_COST) -> None:
+        self.table = sorted((int(r), float(c)) for r, c in table)
+        if len(self.table) < 2 or self.table[0][0] != 1:
+            raise ValueError("a cost table needs at least two rows, the first for 1 row")
+
+    def __call__(self, rows: int) -> float:
+        pieces = list(zip(self.table, self.table[1:]))
+        (r0, c0), (r1, c1) = next((p for p in pieces if rows <= p[1][0]), pieces[-1])
+        return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a step with ``k`` drafted tokens yields on average: ``1 + a + ... + a^k``."""
+    total, term = 1.0, 1.0
+    for _ in range(k):
+        term *= alpha
+        total += term
+    return total
+
+
+def best_depth(alpha: float, most: int, cost: Callable[[int], float]) -> int:
+    """The draft length in ``0..most`` that gives the most tokens per unit of cost at acceptance
+    ``alpha``; 0 unless that beats not drafting by :data:`GAIN`."""
+    base = 1.0 / cost(1)
+    best_k, best_rate = 0, base
+    for k in range(1, most + 1):
+        rate = expected_tokens(alpha, k) / cost(1 + k)
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k if best_rate > GAIN * base else 0
+
+
+@dataclass
+class Acceptance:
+    """One sequence's record of its drafts."""
+
+    alpha: float = PRIOR  # estimated chance a drafted token is right (given the ones before were)
+    at: int = 0  # tokens generated when ``alpha`` was last updated
+    fails: int = 0  # drafts in a row with nothing accepted
+    pause: int = PAUSE  # the next pause's length
+    paused_until: int = 0  # no drafts before this many tokens are generated
+
+    def now(self, generated: int) -> float:
+        """The acceptance estimate after ``generated`` tokens: drifted towards the prior for
+        each token generated since the last verified draft."""
+        return PRIOR + (self.alpha - PRIOR) * RECOVERY ** max(generated - self.at, 0)
+
+    def record(self, generated: int, proposed: int, accepted: int) -> None:
+        """A draft of ``proposed`` tokens was verified after ``generated`` tokens and
+        ``accepted`` of them were right."""
+        alpha = self.now(generated)
+        alpha = 1.0 - (1.0 - alpha) * (1.0 - WEIGHT) ** accepted
+        if accepted < proposed:
+            alpha *= 1.0 - WEIGHT
+        self.alpha, self.at = alpha, generated
+        if accepted:
+            self.fails, self.pause = 0, PAUSE
+            return
+        self.fails += 1
+        if self.fails >= MAX_FAILS:
+            self.fails = 0
+            self.paused_until = generated + self.pause
+            self.pause = min(2 * self.pause, MAX_PAUSE)
+
+
+@dataclass(eq=False)
+class SeqDrafts:
+    """What :class:`Speculation` keeps for one sequence."""
+
+    drafter: Drafter
+    depth: int  # the most tokens one draft may have (0: never drafts)
+    acceptance: Acceptance = field(default_factory=Acceptance)
+
+
+class Speculation:
+    """The runner's speculative decoding: a drafter per sequence and the depth of each draft."""
+
+    def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None) -> None:
+        """``enabled`` False: no sequence ever drafts (``POLLAMA_SPECULATIVE=off``, or a model
+        whose KV memory cannot drop a sequence's tail); ``cost``: a decode's cost by rows
+        (default :class:`StepCost` over :data:`ROW_COST`)."""
+        self.enabled = enabled
+        self.cost = cost if cost is not None else StepCost()
+
+    def begin(self, prompt: Sequence[Any], depth: int) -> SeqDrafts:
+        """A sequence starts with ``prompt`` (its inputs) and ``depth``, its request's
+        ``draft_num_predict`` (the most tokens a draft may have; 0 turns drafting off)."""
+        depth = max(0, min(depth, MAX_DRAFT)) if self.enabled else 0
+        drafter: Drafter = PromptLookup(prompt) if depth else NoDrafter()
+        return SeqDrafts(drafter, depth)
+
+    def propose(self, seq: SeqDrafts, generated: Sequence[int], limit: int, others: int) -> list[int]:
+        """The tokens to verify after ``generated``'s last (just sampled) token: at most
+        ``limit`` (what the context, ``num_predict`` and the batch leave), none while ``others``
+        other sequences share the runner's batches. Pure: asking again gives the same draft."""
+        most = min(seq.depth, limit) if self.enabled else 0
+        if most <= 0 or others > 0 or len(generated) < seq.acceptance.paused_until:
+            return []
+        guess = seq.drafter.propose(generated, most)
+        if not guess:
+            return []
+        return guess[: best_depth(seq.acceptance.now(len(generated)), len(guess), self.cost)]
+
+    def verified(self, seq: SeqDrafts, generated: int, proposed: int, accepted: int) -> None:
+        """A draft of ``proposed`` tokens, made after ``generated`` tokens, had its first
+        ``accepted`` tokens confirmed."""
+        seq.acceptance.record(generated, proposed, accepted)

@@ -1,0 +1,95 @@
+"""Prompt lookup: draft what followed the most recent earlier occurrence of the sequence's last
+tokens (llama.cpp's ngram-simple, ``common_ngram_simple_draft``).
+
+The key is the last ``n`` tokens of the history with the token just sampled as its last; keys are
+tried longest first (:data:`KEY_SIZES`: a long match is a confident guess, a short one a hopeful
+one) and the first that occurred before wins. The draft is what followed that occurrence, up to a
+limit. llama.cpp scans the history backwards at every step; here an index per key size maps each
+n-gram to the start of its latest occurrence, kept up to date as the history grows (only with
+tokens the model emitted, so a rejected guess never enters it), so a step costs one dict lookup
+per key size, also when nothing matches.
+
+An image in the prompt is a barrier: no key spans one, and a draft stops before one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+#: key lengths, tried in this order. llama.cpp's ngram-simple uses 12 alone; shorter keys find
+#: more (code edits where a line differs in one name) and the controller decides from the
+#: sequence's acceptance whether their drafts are worth verifying
+KEY_SIZES = (12, 8, 6, 4)
+#: history tokens kept; past twice this the oldest half is forgotten and the index rebuilt
+MAX_HISTORY = 1 << 16
+_BARRIER = -1  # an image position in the history
+
+
+class PromptLookup:
+    """A :class:`runner.spec.drafter.Drafter` over the sequence's own prompt and output."""
+
+    def __init__(self, prompt: Sequence[Any], sizes: Sequence[int] = KEY_SIZES,
+                 max_history: int = MAX_HISTORY) -> None:
+        """``prompt``: the sequence's inputs (token ids; anything else, an image position, is a
+        barrier); ``sizes``: key lengths (each >= 1)."""
+        self.sizes = tuple(sorted({int(n) for n in sizes if n >= 1}, reverse=True))
+        self.max_history = max(max_history, 2 * max(self.sizes, default=1))
+        self._history: list[int] = [t if isinstance(t, int) else _BARRIER for t in prompt]
+        self._taken = 0  # tokens of ``generated`` in the history
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self._indexed = 0  # n-grams ending before this history position are in the index
+        self._barrier = -1  # the last barrier position the index has passed
+        self._last_barrier = max((i for i, t in enumerate(self._history) if t == _BARRIER), default=-1)
+
+    def propose(self, generated: Sequence[int], limit: int) -> list[int]:
+        if limit <= 0 or not generated or not self.sizes:
+            return []
+        self._extend(generated)
+        history, pending = self._history, int(generated[-1])
+        end = len(history)
+        for n in self.sizes:
+            tail = end - (n - 1)
+            if tail < 0 or tail <= self._last_barrier:
+                continue  # too short, or the key would span an image
+            start = self._index[n].get((*history[tail:], pending))
+            if start is None:
+                continue
+            draft = history[start + n : start + n + limit]
+            if _BARRIER in draft:
+                draft = draft[: draft.index(_BARRIER)]
+            if draft:
+                return draft
+        return []
+
+    def _extend(self, generated: Sequence[int]) -> None:
+        """Bring the history to the prompt plus ``generated`` but its last token (the pending
+        one), and the index with it."""
+        want = len(generated) - 1
+        if want > self._taken:
+            self._history.extend(int(t) for t in generated[self._taken : want])
+            self._taken = want
+        if len(self._history) > 2 * self.max_history:
+            self._forget()
+        self._update_index()
+
+    def _update_index(self) -> None:
+        """Index every n-gram that has a token after it (its continuation), latest wins."""
+        history, index = self._history, self._index
+        for p in range(self._indexed, len(history) - 1):
+            if history[p] == _BARRIER:
+                self._barrier = p
+                continue
+            if history[p + 1] == _BARRIER:
+                continue  # nothing to draft after it
+            for n in self.sizes:
+                start = p - n + 1
+                if start > self._barrier:
+                    index[n][tuple(history[start : p + 1])] = start
+        self._indexed = max(self._indexed, len(history) - 1)
+
+    def _forget(self) -> None:
+        """Keep the last ``max_history`` tokens of the history and index them anew."""
+        self._history = self._history[-self.max_history :]
+        self._index = {n: {} for n in self.sizes}
+        self._indexed, self._barrier = 0, -1
+        self._last_barrier = max((i for i, t in enumerate(self._history) if t == _BARRIER), default=-1)

@@ -1,0 +1,98 @@
+"""How deep to draft (runner.spec.controller): the cost of rows against acceptance."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.spec import controller as C
+from runner.spec.controller import Acceptance, Speculation, StepCost, best_depth, expected_tokens
+
+
+class Fixed:
+    """A drafter that always guesses the same ``n`` tokens."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def propose(self, generated, limit):
+        self.calls += 1
+        return list(range(100, 100 + min(self.n, limit)))
+
+
+def test_step_cost_interpolates_and_extends():
+    cost = StepCost(((1, 1.0), (2, 2.0), (4, 3.0)))
+    assert [cost(r) for r in (1, 2, 3, 4, 6)] == [1.0, 2.0, 2.5, 3.0, 4.0]
+    assert StepCost()(16) == 7.1
+    with pytest.raises(ValueError):
+        StepCost(((2, 1.0), (4, 2.0)))
+
+
+def test_expected_tokens():
+    assert expected_tokens(1.0, 5) == 6
+    assert expected_tokens(0.0, 5) == 1
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_draft_long_or_not_at_all():
+    cost = StepCost()
+    assert best_depth(1.0, 16, cost) == 16  # everything right: as deep as allowed
+    assert best_depth(1.0, 1, cost) == 0  # one token never pays: 2 tokens for 2.2x the cost
+    assert best_depth(0.6, 16, cost) == 0
+    assert 6 <= best_depth(0.9, 16, cost) <= 10
+    flat = StepCost(((1, 1.0), (64, 1.0)))  # a device where rows are free: any acceptance pays
+    assert best_depth(0.3, 8, flat) == 8
+
+
+def test_acceptance_learns_and_drifts_back():
+    a = Acceptance()
+    a.record(10, 8, 8)
+    assert a.alpha > C.PRIOR
+    a.record(20, 8, 0)
+    assert a.alpha < C.PRIOR and a.fails == 1
+    later = a.now(20 + 200)
+    assert a.alpha < later < C.PRIOR and later == pytest.approx(C.PRIOR, abs=0.01)
+
+
+def test_drafts_that_keep_failing_pause_the_sequence():
+    a = Acceptance()
+    for k in range(C.MAX_FAILS):
+        a.record(10 * k, 8, 0)
+    assert a.paused_until == 10 * (C.MAX_FAILS - 1) + C.PAUSE and a.pause == 2 * C.PAUSE
+    a.record(100, 8, 3)  # something accepted: the next pause starts short again
+    assert a.pause == C.PAUSE and a.fails == 0
+
+
+def test_speculation_caps_and_conditions():
+    spec = Speculation()
+    seq = spec.begin([1, 2, 3], depth=16)
+    seq.drafter = Fixed(12)
+    seq.acceptance.alpha = 1.0  # every draft so far was right: as deep as the guess goes
+    assert spec.propose(seq, [5], limit=16, others=0) == list(range(100, 112))
+    assert spec.propose(seq, [5], limit=16, others=1) == []  # shares the batch: no drafts
+    assert spec.propose(seq, [5], limit=4, others=0) == [100, 101, 102, 103]  # context, num_predict
+    assert spec.begin([1], depth=0).depth == 0
+    assert spec.begin([1], depth=1000).depth == C.MAX_DRAFT
+    off = Speculation(enabled=False).begin([1, 2, 3], depth=16)
+    assert off.depth == 0 and spec.propose(off, [5], limit=16, others=0) == []
+    # paused: no lookup at all
+    seq.acceptance.paused_until = 50
+    seq.drafter.calls = 0
+    assert spec.propose(seq, [5] * 49, limit=16, others=0) == [] and seq.drafter.calls == 0
+    assert spec.propose(seq, [5] * 50, limit=16, others=0) != []
+
+
+def test_a_failing_sequence_stops_drafting_and_is_probed_again_later():
+    spec = Speculation()
+    seq = spec.begin([1, 2, 3], depth=16)
+    seq.drafter = Fixed(16)
+    drafts = []
+    for generated in range(1000):
+        draft = spec.propose(seq, [7] * (generated + 1), limit=16, others=0)
+        if draft:
+            drafts.append(generated)
+            spec.verified(seq, generated + 1, len(draft), 0)
+    assert drafts[:2] == [0, 1]  # tried at once (the prior), then less deep
+    # three failures pause it; after each pause it is probed again, the pauses doubling
+    assert 6 <= len(drafts) <= 16
+    assert sum(g >= 500 for g in drafts) <= 3

@@ -1,0 +1,41 @@
+"""The controls and metrics of speculative decoding (issue 26): POLLAMA_SPECULATIVE, the
+``draft_num_predict`` option (request, Modelfile PARAMETER, ``-o``), ``--verbose``'s draft line,
+and ``/v1`` ``timings``' draft counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.render import metrics_block
+from runner import config
+from runner.api import Chunk, InvalidRequest, Metrics, Options
+from runner.server.openai_api import timings
+from runner.store.modelfile import parse
+
+
+@pytest.mark.parametrize("value,on", [("", True), ("on", True), ("1", True), ("off", False), ("OFF", False),
+                                      ("0", False), ("false", False), ("no", False)])
+def test_pollama_speculative(value, on):
+    assert config.load({"POLLAMA_SPECULATIVE": value}).speculative is on
+
+
+def test_draft_num_predict_is_an_option():
+    assert Options().draft_num_predict == 0  # off until bench/ shows it never slower
+    assert Options().merged({"draft_num_predict": 0}).draft_num_predict == 0
+    assert Options().merged({"draft_num_predict": "4"}).draft_num_predict == 4  # -o draft_num_predict=4
+    with pytest.raises(InvalidRequest):
+        Options().merged({"draft_num_predict": 1.5})
+    assert parse("FROM x\nPARAMETER draft_num_predict 8\n").parameters == {"draft_num_predict": 8}
+
+
+def test_verbose_prints_drafts_when_there_were_some():
+    m = Metrics(eval_count=40, eval_duration=10**9, draft_n=30, draft_n_accepted=24)
+    assert "draft tokens:         24/30" in metrics_block(m, "old")
+    assert "draft tokens" not in metrics_block(Metrics(eval_count=40, eval_duration=10**9), "old")
+
+
+def test_v1_timings_carry_the_draft_counts_as_llama_server_does():
+    done = Chunk(done=True, metrics=Metrics(eval_count=40, eval_duration=10**9, draft_n=30, draft_n_accepted=24))
+    t = timings(done)
+    assert (t["draft_n"], t["draft_n_accepted"]) == (30, 24)
+    assert "draft_n" not in timings(Chunk(done=True, metrics=Metrics(eval_count=4, eval_duration=10**6)))

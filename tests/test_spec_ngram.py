@@ -1,0 +1,91 @@
+"""Prompt lookup (runner.spec.ngram): ngram-simple's choice from an incremental index."""
+
+from __future__ import annotations
+
+import random
+
+from runner.loop.slots import ImageInput
+from runner.spec.ngram import PromptLookup
+
+
+def scan(history: list[int], pending: int, sizes, limit: int) -> list[int]:
+    """llama.cpp's way, a backward scan per key size: the reference."""
+    seq = history + [pending]
+    for n in sorted(sizes, reverse=True):
+        if len(seq) < n:
+            continue
+        key = seq[-n:]
+        for j in range(len(history) - n, -1, -1):  # an occurrence with a token after it in history
+            if history[j : j + n] == key and j + n < len(history):
+                return history[j + n : j + n + limit]
+    return []
+
+
+def test_longest_key_first_most_recent_occurrence():
+    # "1 2 3 4" is followed by 5 first and by 9 later: the most recent wins;
+    # with "7 1 2 3 4" the longer key picks the occurrence that had 7 before it
+    prompt = [7, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 9, 8, 0, 7, 1, 2, 3]
+    lookup = PromptLookup(prompt, sizes=(5, 4))
+    assert lookup.propose([4], 3) == [5, 6, 0]
+    lookup = PromptLookup(prompt[:-4] + [8, 1, 2, 3], sizes=(5, 4))
+    assert lookup.propose([4], 3) == [9, 8, 0]
+
+
+def test_continuation_up_to_the_limit_and_the_history_end():
+    lookup = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2, 3], sizes=(4,))
+    assert lookup.propose([4], 10) == [5, 6, 1, 2, 3]
+    assert lookup.propose([4], 2) == [5, 6]
+    assert lookup.propose([4], 0) == []
+    assert PromptLookup([1, 2, 3], sizes=(4,)).propose([4], 5) == []
+
+
+def test_only_emitted_tokens_enter_the_history():
+    lookup = PromptLookup([10, 11, 12, 13, 14, 15], sizes=(3,))
+    assert lookup.propose([20], 4) == []
+    # the output so far: 20 21 22, then 10 11 pending 12 → the prompt's 13 14 15 and what
+    # came after them (the output's 20)
+    generated = [20, 21, 22, 10, 11, 12]
+    assert lookup.propose(generated, 4) == [13, 14, 15, 20]
+    # the model wrote 20 21 again: the key "20 21 22" now finds the output's own occurrence
+    generated += [13, 14, 15, 20, 21, 22]
+    assert lookup.propose(generated, 4) == [10, 11, 12, 13]
+
+
+def test_images_are_barriers():
+    img = [ImageInput("d", i, 3) for i in range(3)]
+    prompt = [1, 2, 3, 4, 5] + img + [1, 2, 3, 4, 6, 7] + img + [8]
+    lookup = PromptLookup(prompt, sizes=(4, 2))
+    # "2 3 4 | 5" before the first image, "2 3 4 6 7" before the second: the latest wins, and its
+    # continuation stops at the image
+    assert lookup.propose([1, 2, 3, 4], 9) == [6, 7]
+    # no key spans an image: "x x img 8 9" has only the short key "8 9" (not in the history)
+    assert PromptLookup([1, 2] + img + [8], sizes=(4, 2)).propose([9], 4) == []
+    # an occurrence followed by an image drafts nothing, it does not hide an older one
+    lookup = PromptLookup([5, 6, 7, 1, 5, 6] + img, sizes=(2,))
+    assert lookup.propose([1, 5, 6], 2) == [7, 1]
+
+
+def test_agrees_with_a_backward_scan():
+    rng = random.Random(7)
+    for trial in range(60):
+        vocab = rng.choice([3, 5, 12])
+        history = [rng.randrange(vocab) for _ in range(rng.randrange(1, 80))]
+        sizes = rng.choice([(4,), (6, 3), (12, 8, 6, 4), (2, 1)])
+        lookup = PromptLookup(history[: rng.randrange(len(history) + 1)], sizes=sizes)
+        prompt_len = len(lookup._history)
+        generated: list[int] = []
+        for step in range(20):
+            pending = rng.randrange(vocab)
+            generated.append(pending)
+            full = history[:prompt_len] + generated[:-1]
+            limit = rng.randrange(1, 9)
+            assert lookup.propose(generated, limit) == scan(full, pending, sizes, limit), (trial, step)
+
+
+def test_a_long_history_forgets_its_oldest_half():
+    lookup = PromptLookup([1, 2, 3, 4, 5], sizes=(1,), max_history=8)
+    generated = [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 1]
+    assert lookup.propose(generated, 3) == []  # the prompt's "1 2 3" is forgotten
+    assert len(lookup._history) <= 16
+    generated += [2, 7, 1]
+    assert lookup.propose(generated, 3) == [2, 7]  # learnt from the output after forgetting
