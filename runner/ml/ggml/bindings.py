@@ -299,6 +299,7 @@ ggml_backend_dev_memory = _bind(_base, "ggml_backend_dev_memory", None, [P, POIN
 ggml_backend_dev_type = _bind(_base, "ggml_backend_dev_type", c_int, [P])
 ggml_backend_dev_backend_reg = _bind(_base, "ggml_backend_dev_backend_reg", P, [P])
 ggml_backend_reg_name = _bind(_base, "ggml_backend_reg_name", c_char_p, [P])
+ggml_backend_get_device = _bind(_base, "ggml_backend_get_device", P, [P])
 
 # ----------------------------------------------------------------------------------- ggml-cpu.h
 ggml_backend_cpu_init = _bind(_cpu, "ggml_backend_cpu_init", P, [])
