@@ -62,8 +62,8 @@ def test_as_many_as_fit_output_layer_first(room_mib, layers):
     p = place([gpu_with_room("CUDA0", room_mib * MiB)], COSTS, -1, 0)
     assert p.layers == layers
     assert p.kv_offloaded == 20 * MiB * max(0, layers - 1)
-    assert p.describe() == ("CPU" if layers == 0 else f"CUDA0 (Test GPU) {layers}/11 layers, CPU {11 - layers}/11 layers"
-                            if layers < 11 else "CUDA0 (Test GPU) 11/11 layers")
+    partial = f"CUDA0 (Test GPU) {layers}/11 layers, CPU {11 - layers}/11 layers"
+    assert p.describe() == ("CPU" if layers == 0 else partial if layers < 11 else "CUDA0 (Test GPU) 11/11 layers")
 
 
 def test_num_gpu_n_offloads_n_at_most_and_what_fits_when_more_is_asked(caplog):

@@ -102,6 +102,7 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
         "size_vram": runner.offload.size_vram(size),  # bytes on GPUs (runner.loading.gpu's estimate)
         "context_length": runner.num_ctx,
         "engine": runner.engine,  # beyond Ollama: "old" (llama.cpp) or "new" (our GGML code)
+        "devices": runner.offload.devices,  # beyond Ollama: "CPU", "CUDA0 (NVIDIA H200) 31/31 layers"
     }
 
 
