@@ -181,7 +181,7 @@ class Session:
         self.history += [turn, Message("assistant", answer, thinking=thought)]
         if self.verbose and final is not None and final.metrics is not None:
             final.metrics.total_duration = time.perf_counter_ns() - t0
-            render.print_metrics(final.metrics, self.runner.engine)
+            render.print_metrics(final.metrics, self.runner.engine, self.runner.offload.devices)
 
     # --------------------------------------------------------------------------- commands
     def command(self, line: str) -> bool:
@@ -290,7 +290,8 @@ class Session:
             print("  Model")
             for key, value in rows:
                 print(f"    {key:<20}{value}")
-            print(f"\n  Runner\n    {'engine':<20}{self.runner.engine}\n    {'num_ctx':<20}{self.runner.num_ctx}\n")
+            print(f"\n  Runner\n    {'engine':<20}{self.runner.engine}\n    {'num_ctx':<20}{self.runner.num_ctx}"
+                  f"\n    {'devices':<20}{self.runner.offload.devices}\n")
         elif what == "parameters":
             if not self.options:
                 print("No parameters were specified for this model.")

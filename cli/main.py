@@ -147,7 +147,7 @@ def run(
         if verbose and final is not None and final.metrics is not None:
             final.metrics.load_duration = loaded.load_duration
             final.metrics.total_duration = time.perf_counter_ns() - t0
-            render.print_metrics(final.metrics, loaded.engine)
+            render.print_metrics(final.metrics, loaded.engine, loaded.offload.devices)
     except PollamaError as err:
         raise _fail(str(err))
     except KeyboardInterrupt:
@@ -211,7 +211,11 @@ def show(
         elif flags[0] == "system":
             print("No system message was specified for this model.")
         return
-    print(show_text(resolved, verbose))
+    try:
+        devices = runner.placement(resolved, prepare.options(resolved, None), cfg).devices
+    except PollamaError as err:
+        devices = f"unknown ({err})"
+    print(show_text(resolved, verbose, devices))
 
 
 

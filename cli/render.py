@@ -151,7 +151,7 @@ def _trim(value: float) -> str:
     return whole + ("." + frac[:6] if frac else "")
 
 
-def metrics_block(m: Metrics, engine: str) -> str:
+def metrics_block(m: Metrics, engine: str, devices: str = "CPU") -> str:
     lines = [
         f"total duration:       {go_duration(m.total_duration)}",
         f"load duration:        {go_duration(m.load_duration)}",
@@ -170,11 +170,12 @@ def metrics_block(m: Metrics, engine: str) -> str:
     if m.draft_n:  # speculative decoding drafted: how many of its guesses the model took
         lines.append(f"draft tokens:         {m.draft_n_accepted}/{m.draft_n}")
     lines.append(f"engine:               {engine}")
+    lines.append(f"devices:              {devices}")
     return "\n".join(lines)
 
 
-def print_metrics(m: Metrics, engine: str) -> None:
-    stderr.print(metrics_block(m, engine), markup=False)
+def print_metrics(m: Metrics, engine: str, devices: str = "CPU") -> None:
+    stderr.print(metrics_block(m, engine, devices), markup=False)
 
 
 class ProgressView:

@@ -152,12 +152,17 @@ def human_until(expires_at: str | None, now: datetime | None = None) -> str:
 
 
 def processor(size: int, size_vram: int) -> str:
-    if size <= 0 or size_vram <= 0:
+    """The PROCESSOR column as Ollama's ``cmd/cmd.go`` writes it: the CPU's share rounded half
+    away from zero (Go's math.Round), the GPU's the rest; "Unknown" when more is on the GPU
+    than there is."""
+    if size_vram <= 0:
         return "100% CPU"
-    if size_vram >= size:
+    if size_vram == size:
         return "100% GPU"
-    gpu = math.floor(size_vram / size * 100)
-    return f"{100 - gpu}%/{gpu}% CPU/GPU"
+    if size_vram > size or size == 0:
+        return "Unknown"
+    cpu = math.floor((size - size_vram) / size * 100 + 0.5)
+    return f"{cpu}%/{100 - cpu}% CPU/GPU"
 
 
 def ps_table(models: list[dict[str, Any]]) -> str:

@@ -65,7 +65,8 @@ def _projector_rows(path: str) -> list[tuple[str, object]]:
             ("dimensions", meta.get("clip.vision.projection_dim", "unknown"))]
 
 
-def show_text(model: ResolvedModel, verbose: bool = False) -> str:
+def show_text(model: ResolvedModel, verbose: bool = False, devices: str = "") -> str:
+    """``pollama show``'s text; ``devices``: where a load would put the model's layers now."""
     info = model.info
     rows = [
         ("architecture", info.architecture),
@@ -79,6 +80,8 @@ def show_text(model: ResolvedModel, verbose: bool = False) -> str:
     if info.projector:
         out += ["", "  Projector"] + [f"    {k:<20}{v}" for k, v in _projector_rows(info.projector)]
     out += ["", "  Capabilities"] + [f"    {c}" for c in capabilities(info, model.template)]
+    if devices:
+        out += ["", "  Devices", f"    {devices}"]
     if info.metadata.get("general.license"):
         out += ["", "  License", f"    {info.metadata['general.license']}"]
     if verbose:

@@ -12,10 +12,12 @@ engine cannot load it, gets one notice line (logged as a warning) and the old en
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
 from . import config as _config
+from .loading import gpu
 from .loading import plan as loadplan
 from .api import (
     Chunk,
@@ -27,6 +29,7 @@ from .api import (
     Metrics,
     ModelInfo,
     ModelNotFound,
+    Offload,
     Options,
     PollamaError,
     PromptTooLong,
@@ -46,7 +49,7 @@ from .spec.controller import Speculation
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",
     "ModelInfo", "ModelNotFound", "Options", "PollamaError", "PromptTooLong", "Request", "ResolvedModel", "Runner",
-    "ServerBusy", "load", "load_options", "model_info", "prompt_tiers", "resolve",
+    "ServerBusy", "load", "load_options", "model_info", "placement", "prompt_tiers", "resolve",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,10 +70,8 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     info = model.info
     if plan is None:
         plan = load_options(info, options if options is not None else Options(), cfg, num_parallel)
-    name = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
-    need = loadplan.reservation(info, plan.num_ctx, plan.num_parallel, plan.num_batch, plan.kv_cache_type,
-                                plan.flash_attention, name)
-    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel)
+    name, need, placement = _decide(info, plan, cfg)
+    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel, offloaded=placement.kv_offloaded)
     engine: Engine
     if name == "new":
         from .engines.ggml import GGMLEngine
@@ -79,16 +80,61 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     else:
         from .engines.llamacpp.engine import LlamaEngine
 
-        engine = LlamaEngine(info, plan)
+        engine = LlamaEngine(info, plan, placement)
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
                          speculation=Speculation(enabled=cfg.speculative))
     runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
+    runner.offload = placement.offload()
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()
     return runner
+
+
+def placement(model: ResolvedModel, options: Options | None = None, cfg: _config.Config | None = None) -> Offload:
+    """Where :func:`load` would put ``model``'s layers with ``options`` now, without loading it
+    (``pollama show``). Raises what a load's placement raises (InvalidRequest: a ``main_gpu``
+    that names no GPU)."""
+    cfg = cfg or _config.load()
+    plan = load_options(model.info, options if options is not None else Options(), cfg)
+    return _decide(model.info, plan, cfg)[2].offload()
+
+
+def _decide(info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> tuple[str, loadplan.Reservation, gpu.Placement]:
+    """The engine, the memory it reserves and where its layers go."""
+    name = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
+    need = loadplan.reservation(info, plan.num_ctx, plan.num_parallel, plan.num_batch, plan.kv_cache_type,
+                                plan.flash_attention, name)
+    return name, need, _placement(name, info, plan, need, cfg)
+
+
+def _placement(engine: str, info: ModelInfo, plan: LoadOptions, need: loadplan.Reservation,
+               cfg: _config.Config) -> gpu.Placement:
+    """Where the layers of this load go (:mod:`runner.loading.gpu`). The old engine offloads to
+    the GPUs llama.cpp can use; the new engine runs on GGML's CPU backend, and says so once
+    where GGML's registry lists GPUs."""
+    if engine == "new":
+        from .ml.ggml.devices import devices
+
+        note = gpu.cpu_only_note(devices())
+        if note:
+            _say_once(note)
+        return gpu.Placement(note=note)
+    from .engines.llamacpp.offload import offload_devices
+
+    gpus = offload_devices()
+    if not gpus:  # a CPU build: nothing to place, main_gpu not looked at
+        return gpu.CPU
+    placement = gpu.place(gpus, gpu.layer_costs(info, need), plan.num_gpu, plan.main_gpu, cfg.gpu_overhead)
+    log.info("%s: %s", info.name, placement.describe())
+    return placement
+
+
+@functools.lru_cache(maxsize=1)  # once a process: every load would say the same
+def _say_once(note: str) -> None:
+    log.warning("%s", note)
 
 
 def _prompt_store(engine: Engine, info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> PromptStore | None:

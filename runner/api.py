@@ -423,6 +423,25 @@ class ModelInfo:
         return self.projector is not None
 
 
+@dataclass(frozen=True)
+class Offload:
+    """Where a loaded model runs, as ``/api/ps``, ``pollama ps`` and ``--verbose`` report it
+    (``runner.loading.gpu`` decides it)."""
+
+    devices: str = "CPU"  # "CPU", "CUDA0 (NVIDIA H200) 31/31 layers", "... 20/31 layers, CPU 11/31 layers"
+    vram: int = 0  # bytes estimated on the GPUs: offloaded weights, their KV cache, compute buffers
+    full: bool = False  # every layer offloaded
+
+    def size_vram(self, size: int) -> int:
+        """``/api/ps``'s ``size_vram`` for a model taking ``size`` bytes in all: all of it when
+        every layer is offloaded (what the host keeps then is the token embedding's row lookup,
+        which llama.cpp leaves there by design: counting it, no model would read "100% GPU"),
+        else the estimate, at most ``size``."""
+        if self.vram <= 0:
+            return 0
+        return size if self.full else min(self.vram, size)
+
+
 class Runner(Protocol):
     """A loaded model and the background thread that decodes its sequences."""
 
@@ -433,6 +452,7 @@ class Runner(Protocol):
     num_batch: int
     n_vocab: int
     memory_size: int  # bytes held besides the weights: KV cache and compute buffers
+    offload: Offload  # where its layers run (the CPU, or GPUs)
 
     def stream(self, request: Request) -> Iterator[Chunk]:
         """Stream the answer to ``request`` (prepared by ``runner.prepare.prepare``): a chat when

@@ -58,6 +58,8 @@ class Config:
     # POLLAMA_SPECULATIVE: draft tokens by prompt lookup and verify them in one decode (runner.spec);
     # "off" (or 0/false/no) turns it off for every request, whatever its draft_num_predict
     speculative: bool = True
+    # OLLAMA_GPU_OVERHEAD: bytes of each GPU's free memory that offload leaves alone (runner.loading.gpu)
+    gpu_overhead: int = 0
 
     @property
     def cache_ram_bytes(self) -> int:
@@ -239,4 +241,15 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_dir=Path(_clean(env, "POLLAMA_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser(),
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
         speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
+        gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
     )
+
+
+def llama_cpp_lib_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """``LLAMA_CPP_LIB_PATH``: the folder llama-cpp-python loads ``libllama`` (and with it
+    ``libggml*``) from instead of its own ``llama_cpp/lib``, read exactly as llama-cpp-python
+    reads it (``llama_cpp.py``: set, even to "", means that folder) so that the new engine's
+    GGML bindings load the very same files. None: unset."""
+    env = os.environ if env is None else env
+    raw = env.get("LLAMA_CPP_LIB_PATH")
+    return None if raw is None else Path(raw)

@@ -6,11 +6,13 @@
   that falls back to f16);
 - :func:`reservation` and :func:`check_memory`: what the KV cache and the compute buffers will
   take, refused up front (one line, in milliseconds) when the machine cannot give it, instead of
-  an engine allocating gigabytes layer by layer until ``bad_alloc``.
+  an engine allocating gigabytes layer by layer until ``bad_alloc``. Host memory only: what a
+  GPU holds is :mod:`.gpu`'s to fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -49,6 +51,16 @@ class LoadOptions:
     use_mmap: bool
     multi_user: bool  # OLLAMA_MULTIUSER_CACHE: slots shared by several users
     pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
+    num_gpu: int = -1  # layers to offload (old engine, GPU build): -1 as many as fit, 0 none (runner.loading.gpu)
+    main_gpu: int = 0  # the GPU a model that fits on one goes to (runner.loading.gpu)
+
+    def serves(self, want: LoadOptions) -> bool:
+        """Whether a runner loaded with these options serves a request that wants ``want``:
+        equal options, where a ``num_gpu`` of -1 (as many as fit: the default) takes whatever
+        the loaded runner has, as Ollama's scheduler does (``needsReload``)."""
+        if want.num_gpu == -1:
+            want = dataclasses.replace(want, num_gpu=self.num_gpu)
+        return self == want
 
 
 def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
@@ -75,6 +87,8 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
         use_mmap=True if options.use_mmap is None else options.use_mmap,
         multi_user=cfg.multiuser_cache,
         pipeline=cfg.pipeline,
+        num_gpu=options.num_gpu if options.num_gpu >= 0 else -1,
+        main_gpu=options.main_gpu,
     )
 
 
@@ -150,6 +164,7 @@ class Reservation:
     cells: int
     kv: int  # K and V of every layer
     compute: int  # the worst-case graph: attention scores (or the flash-attention mask) dominate
+    kv_layers: tuple[int, ...] = ()  # kv, layer by layer (what offloading a layer moves to its device)
 
     @property
     def total(self) -> int:
@@ -179,27 +194,32 @@ def reservation(info: ModelInfo, num_ctx: int, num_parallel: int, num_batch: int
             local_cells = cache_geometry(num_parallel, num_ctx, num_batch, padding=CELL_PADDING,
                                          swa_window=att.window.cache_window).size
     elems, nbytes = _KV_BLOCK[kv_type]
-    kv = 0
+    kv_layers = []
     for layer, h in enumerate(att.kv_heads):
         per_cell = h * (-(-att.key_size // elems) + -(-att.value_size // elems)) * nbytes
         local = att.window is not None and layer < len(att.window.local) and att.window.local[layer]
-        kv += per_cell * (local_cells if local else cells)
+        kv_layers.append(per_cell * (local_cells if local else cells))
+    kv = sum(kv_layers)
     seen = _pad(num_ctx) if engine == "old" else cells  # cells one batch attends to
     if flash_attention:
         compute = seen * num_batch * 2  # the f16 mask; the kernel keeps no scores
     else:
         compute = seen * num_batch * (att.n_head * 4 + 4)  # f32 scores per head, and the mask
-    return Reservation(cells, kv, compute)
+    return Reservation(cells, kv, compute, tuple(kv_layers))
 
 
-def check_memory(info: ModelInfo, plan: Reservation, num_ctx: int, num_parallel: int) -> None:
-    """LoadError (one line) when ``plan`` needs more than 90% of the memory this process can get."""
+def check_memory(info: ModelInfo, plan: Reservation, num_ctx: int, num_parallel: int, offloaded: int = 0) -> None:
+    """LoadError (one line) when ``plan`` needs more host memory than 90% of what this process
+    can get. ``offloaded``: the bytes of the KV cache that live on GPUs instead
+    (:attr:`runner.loading.gpu.Placement.kv_offloaded`); the devices' own memory is the
+    placement's to check, layer by layer, before it offloads any."""
     available = available_memory()
-    if available is None or plan.total <= available * MEMORY_MARGIN:
+    host = plan.total - offloaded
+    if available is None or host <= available * MEMORY_MARGIN:
         return
     raise LoadError(
-        f"{info.name} with num_ctx {num_ctx} x {num_parallel} parallel needs {plan.total / GiB:.1f} GiB "
-        f"(KV cache {plan.kv / GiB:.1f} GiB, compute {plan.compute / GiB:.1f} GiB), more than "
+        f"{info.name} with num_ctx {num_ctx} x {num_parallel} parallel needs {host / GiB:.1f} GiB "
+        f"(KV cache {(plan.kv - offloaded) / GiB:.1f} GiB, compute {plan.compute / GiB:.1f} GiB), more than "
         f"{MEMORY_MARGIN:.0%} of the {available / GiB:.1f} GiB of memory available: "
         f"lower num_ctx or OLLAMA_NUM_PARALLEL"
     )

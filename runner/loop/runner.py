@@ -50,6 +50,7 @@ from ..api import (
     LoadError,
     Message,
     ModelInfo,
+    Offload,
     PollamaError,
     Request,
 )
@@ -120,6 +121,7 @@ class BatchRunner:
         self.num_batch = num_batch
         self.load_duration = 0  # ns, set by runner.load(): the caller reports it
         self.memory_size = engine.memory_size  # bytes besides the weights; runner.load() fills in an estimate
+        self.offload = Offload()  # the CPU; runner.load() says where the layers went
         self.cache = InputCache(engine.kv, num_ctx * num_parallel, num_parallel, multi_user, store)
         self.speculation = speculation if speculation is not None else Speculation()
         self.prompter = Prompter(engine, num_ctx, template)

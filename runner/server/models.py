@@ -99,9 +99,10 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
         "digest": store.digest(model.stored),
         "details": details(info),
         "expires_at": iso(model.expires_at) if model.expires_at else "0001-01-01T00:00:00Z",
-        "size_vram": 0,
+        "size_vram": runner.offload.size_vram(size),  # bytes on GPUs (runner.loading.gpu's estimate)
         "context_length": runner.num_ctx,
         "engine": runner.engine,  # beyond Ollama: "old" (llama.cpp) or "new" (our GGML code)
+        "devices": runner.offload.devices,  # beyond Ollama: "CPU", "CUDA0 (NVIDIA H200) 31/31 layers"
     }
 
 

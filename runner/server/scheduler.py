@@ -111,7 +111,7 @@ class Scheduler:
         want = self.load_key(resolved.info, options)
         keep = self.cfg.keep_alive if keep_alive is None else keep_alive
         model = self.loaded.get(key)
-        if model is not None and model.load_key == want and not model.unloading:
+        if model is not None and model.load_key.serves(want) and not model.unloading:
             if model.refs >= model.runner.num_parallel and self.waiting() >= self.cfg.max_queue:
                 raise ServerBusy(BUSY_MESSAGE)
             self._take(model, keep)
@@ -131,7 +131,7 @@ class Scheduler:
             if self.closing:
                 raise ShuttingDown("server is shutting down")
             model = self.loaded.get(key)
-            if model is not None and model.load_key == want and not model.unloading:
+            if model is not None and model.load_key.serves(want) and not model.unloading:
                 self._take(model, keep)
                 return model
             if model is not None:  # loaded with other load-time options: reload once it is idle

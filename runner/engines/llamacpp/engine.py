@@ -24,6 +24,7 @@ import numpy as np
 from . import topk
 from ...api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
 from ...model import ggufmeta
+from ...loading.gpu import CPU, Placement
 from ...loading.plan import LoadOptions
 from ...loop.embedding import MAX_LANES, batch_size
 from ...loop.slots import ImageInput, Input
@@ -32,6 +33,7 @@ from ...sample.samplers import Sampler, SamplerOptions
 from .embed import EmbedContext
 from .kv import LlamaKv
 from .llamalog import log_callback
+from .offload import model_params
 from .vision import Projector
 
 log = logging.getLogger(__name__)
@@ -152,18 +154,19 @@ class LlamaEngine:
 
     name = "old"
 
-    def __init__(self, info: ModelInfo, load: LoadOptions) -> None:
+    def __init__(self, info: ModelInfo, load: LoadOptions, placement: Placement = CPU) -> None:
+        """``placement``: the layers to offload and where (:mod:`runner.loading.gpu`; the CPU
+        by default)."""
         num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
         self.info = info
         self.memory_size = 0  # llama.cpp does not say: runner.load's estimate stands
         self.num_ctx, self.num_batch = num_ctx, num_batch
         # every slot its own KV stream and num_batch tokens of each a decode (n_batch below)
         self.batch_capacity = num_batch * num_parallel
-        mparams = L.llama_model_default_params()
-        mparams.n_gpu_layers = 0
-        mparams.use_mmap = load.use_mmap
+        # as loaded (n_gpu_layers, split_mode, main_gpu), with the arrays its pointers point to
+        self.model_params, self._model_arrays = model_params(placement, load.use_mmap)
         with _capture_llama_log() as captured:
-            self._model = L.llama_model_load_from_file(info.path.encode(), mparams)
+            self._model = L.llama_model_load_from_file(info.path.encode(), self.model_params)
         if not self._model:
             reason = _load_failure_reason(captured.lines)
             raise InvalidModel(f"llama.cpp cannot load {info.name} (architecture {info.architecture!r}): {reason}")

@@ -1,7 +1,7 @@
 """ctypes bindings to the GGML shared libraries that the llama-cpp-python wheel installs.
 
 The libraries live in ``site-packages/llama_cpp/lib/`` (``libggml-base``, ``libggml-cpu``,
-``libggml``). They are loaded with ``RTLD_GLOBAL`` so that a process which also imports
+``libggml``), or where ``LLAMA_CPP_LIB_PATH`` says (as for llama-cpp-python itself). They are loaded with ``RTLD_GLOBAL`` so that a process which also imports
 ``llama_cpp`` (the old engine, the parity tests) shares one copy of GGML's global state. The
 ``llama_cpp`` package itself is *not* imported: we only locate its folder.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import logging
-import os
 import sys
 import threading
 from contextlib import contextmanager
@@ -47,15 +46,20 @@ from ctypes import (
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ...config import llama_cpp_lib_path
+
 __all__ = ["LIB_DIR", "GGML_TYPE", "GGUF_TYPE", "ggml_init_params", "ggml_tensor", "gguf_init_params"]
 
 
 # ------------------------------------------------------------------------------- library loading
 def _lib_dir() -> Path:
-    """``site-packages/llama_cpp/lib`` of the installed llama-cpp-python (not imported)."""
-    override = os.environ.get("POLLAMA_GGML_LIB_DIR")
-    if override:
-        return Path(override)
+    """The folder of the GGML libraries: ``LLAMA_CPP_LIB_PATH`` when set (a GPU build's
+    libraries, say), read as llama-cpp-python reads it, so both engines load the same files
+    (one copy of GGML's registry and state per process); else ``site-packages/llama_cpp/lib`` of
+    the installed llama-cpp-python (located, not imported)."""
+    override = llama_cpp_lib_path()
+    if override is not None:
+        return override
     spec = importlib.util.find_spec("llama_cpp")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("llama-cpp-python is not installed: the GGML libraries come from its wheel")
@@ -278,6 +282,24 @@ ggml_backend_alloc_ctx_tensors_from_buft = _bind(_base, "ggml_backend_alloc_ctx_
 ggml_backend_buft_alloc_buffer = _bind(_base, "ggml_backend_buft_alloc_buffer", P, [P, c_size_t])
 ggml_backend_buft_get_device = _bind(_base, "ggml_backend_buft_get_device", P, [P])
 ggml_backend_dev_supports_op = _bind(_base, "ggml_backend_dev_supports_op", c_bool, [P, P])
+
+# ------------------------------------------------------- ggml-backend.h: the device registry
+# The registry (libggml) holds every backend this build has (CPU; CUDA, Metal, Vulkan, ... when
+# compiled in) and their devices; a device's functions live in libggml-base.
+GGML_BACKEND_DEVICE_TYPE_CPU = 0
+GGML_BACKEND_DEVICE_TYPE_GPU = 1
+GGML_BACKEND_DEVICE_TYPE_IGPU = 2
+GGML_BACKEND_DEVICE_TYPE_ACCEL = 3
+GGML_BACKEND_DEVICE_TYPE_META = 4
+ggml_backend_dev_count = _bind(_ggml, "ggml_backend_dev_count", c_size_t, [])
+ggml_backend_dev_get = _bind(_ggml, "ggml_backend_dev_get", P, [c_size_t])
+ggml_backend_dev_name = _bind(_base, "ggml_backend_dev_name", c_char_p, [P])
+ggml_backend_dev_description = _bind(_base, "ggml_backend_dev_description", c_char_p, [P])
+ggml_backend_dev_memory = _bind(_base, "ggml_backend_dev_memory", None, [P, POINTER(c_size_t), POINTER(c_size_t)])
+ggml_backend_dev_type = _bind(_base, "ggml_backend_dev_type", c_int, [P])
+ggml_backend_dev_backend_reg = _bind(_base, "ggml_backend_dev_backend_reg", P, [P])
+ggml_backend_reg_name = _bind(_base, "ggml_backend_reg_name", c_char_p, [P])
+ggml_backend_get_device = _bind(_base, "ggml_backend_get_device", P, [P])
 
 # ----------------------------------------------------------------------------------- ggml-cpu.h
 ggml_backend_cpu_init = _bind(_cpu, "ggml_backend_cpu_init", P, [])
