@@ -1,6 +1,6 @@
 """GPU check (issue 27): GPU offload on this machine's llama.cpp build, end to end.
 
-    LLAMA_CPP_LIB_PATH=/path/to/a/cuda/build/lib python bench/gpu_check.py
+    LLAMA_CPP_LIB_PATH=/path/to/a/cuda/build/lib python bench/gpu_check.py [--model PATH.gguf]
 
 (or with a GPU build of llama-cpp-python installed; README § GPU). A real ``pollama serve`` (the
 old engine) answers SmolLM2 with ``num_gpu`` 0, -1 and 10, each a greedy 128-token answer; for
@@ -16,6 +16,7 @@ it exits 0. A minute on a GPU machine; a few on a loaded 2-core one.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import subprocess
@@ -38,7 +39,9 @@ from runner.ml.ggml import bindings as g  # noqa: E402
 from runner.ml.ggml.devices import devices  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
-MODEL = "smollm2:135m"
+MODEL = "smollm2:135m"  # or the model --model's GGUF is created as (GPU_MODEL)
+GPU_MODEL = "gpu-check:latest"
+SOURCE: str | None = None  # --model: a GGUF file (a machine the default model cannot reach)
 PROMPT = "Write a short story about a lighthouse keeper."
 GiB = 2**30
 failures: list[str] = []
@@ -62,7 +65,14 @@ def processor(server: ServerProcess) -> str:
 def old_engine(gpu_build: bool) -> None:
     """num_gpu -1 first: a later -1 would be served by whatever runner is loaded (Ollama's rule)."""
     rows, texts = [], {}
-    with ServerProcess({"OLLAMA_NEW_ENGINE": "0", "OLLAMA_KEEP_ALIVE": "5m"}) as server:
+    server = ServerProcess({"OLLAMA_NEW_ENGINE": "0", "OLLAMA_KEEP_ALIVE": "5m"})
+    if SOURCE:
+        modelfile = Path(server.env["HOME"]) / "Modelfile"
+        modelfile.write_text(f"FROM {SOURCE}\n")
+        made = subprocess.run([sys.executable, "-c", "from cli.main import app; app()", "create", MODEL, "-f",
+                               str(modelfile)], env=server.env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        check(made.returncode == 0, f"create {MODEL} from {SOURCE}: {made.stderr.strip()[-300:]}")
+    with server:
         try:
             for num_gpu in (-1, 0, 10):
                 body = {"model": MODEL, "prompt": PROMPT, "stream": False,
@@ -105,7 +115,7 @@ def _first_difference(a: str, b: str) -> int:
 
 def new_engine(gpu_build: bool) -> None:
     cfg = dataclasses.replace(config.load({}), new_engine=True, cache_ram=0, cache_disk=0)
-    loaded = runner.load(runner.resolve(MODEL, cfg), Options(num_ctx=2048, num_gpu=-1), cfg)
+    loaded = runner.load(runner.resolve(SOURCE or MODEL, cfg), Options(num_ctx=2048, num_gpu=-1), cfg)
     try:
         options = Options(temperature=0, num_predict=16)
         text = "".join(c.text for c in loaded.stream(Request(prompt=PROMPT, options=options)))
@@ -123,6 +133,12 @@ def new_engine(gpu_build: bool) -> None:
 
 
 def main() -> int:
+    global MODEL, SOURCE
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="a GGUF file to check with instead of SmolLM2 (created as gpu-check)")
+    a = ap.parse_args()
+    if a.model:
+        MODEL, SOURCE = GPU_MODEL, str(Path(a.model).resolve())
     t0 = time.monotonic()
     gpu_build = bool(L.llama_supports_gpu_offload())
     print(f"llama-cpp-python {L.__version__}, libraries from {g.LIB_DIR} "
