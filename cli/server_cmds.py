@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import math
 import sys
@@ -64,6 +65,9 @@ def serve() -> None:
     except ValueError as err:
         raise _fail(str(err))
     _setup_server_logging(cfg)
+    # a native crash (llama.cpp, GGML, a GPU driver) ends the process without a Python error: the
+    # log then at least shows which Python code called into the library (Ollama logs a stack too)
+    faulthandler.enable()
     try:
         run_server(cfg)
     except OSError as err:
