@@ -65,6 +65,12 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     t0 = time.perf_counter_ns()
     cfg = cfg or _config.load()
     info = model.info
+    if model.remote is not None:  # nothing to load: a runner that forwards to the upstream
+        from .remote.runner import RemoteRunner
+
+        remote = RemoteRunner(info, model.remote, cfg)
+        remote.load_duration = time.perf_counter_ns() - t0
+        return remote
     if plan is None:
         plan = load_options(info, options if options is not None else Options(), cfg, num_parallel)
     name = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
