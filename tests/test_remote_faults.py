@@ -156,7 +156,7 @@ def test_a_replica_failing_before_its_first_byte_is_retried_on_another(cfg, brok
 
 def test_every_replica_down_is_one_error(cfg):
     urls = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
-    with pytest.raises(UpstreamError, match="cannot ask it which model"):
+    with pytest.raises(InvalidRequest, match="cannot ask it which model"):
         list(create(cfg, CreateSpec(model="rem", remote=RemoteSpec(urls))))
     r = make(cfg, *urls, model="m")  # named: created while its upstreams are down
     try:
@@ -250,3 +250,23 @@ def test_ps_and_tags_list_the_remote_model(front, broken):
     tags = httpx.get(front.url + "/api/tags", timeout=10).json()
     entry = next(m for m in tags["models"] if m["name"] == "rem:latest")
     assert entry["remote_model"] == MODEL and entry["capabilities"] == ["completion"]
+
+
+def test_every_generation_api_reaches_the_upstream(front, broken):
+    broken.mode = "ok"
+    calls = {
+        "/api/generate": ({"model": "rem", "prompt": "hi", "stream": False}, lambda b: b["response"]),
+        "/v1/completions": ({"model": "rem", "prompt": "hi"}, lambda b: b["choices"][0]["text"]),
+        "/v1/responses": ({"model": "rem", "input": "hi"}, lambda b: b["output"][-1]["content"][0]["text"]),
+        "/v1/messages": ({"model": "rem", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+                         lambda b: b["content"][0]["text"]),
+    }
+    for path, (body, text) in calls.items():
+        before = len(broken.requests)
+        r = httpx.post(front.url + path, json=body, timeout=30)
+        assert r.status_code == 200, (path, r.text)
+        assert text(r.json()) == "Hello world", path
+        sent = broken.requests[before][1]
+        assert sent["messages"][-1] == {"role": "user", "content": "hi"}, path
+    r = httpx.post(front.url + "/v1/embeddings", json={"model": "rem", "input": "a"}, timeout=30)
+    assert r.status_code == 200 and r.json()["data"][0]["embedding"] == [0.6, 0.8]

@@ -127,6 +127,9 @@ def test_upstream_urls(text, url, api):
     ("http://box:8000/v1?key=1", "no query"),
     ("http://:8000/v1", "http(s)"),
     ("http://box:99999/v1", "invalid remote URL"),
+    ("http://../victim/x", "not a host name"),
+    ("https://host/../x", "no . or .. in its path"),
+    ("http://a_b.example/v1", "not a host name"),
 ])
 def test_bad_upstream_urls_are_refused(text, why):
     with pytest.raises(InvalidRequest) as err:

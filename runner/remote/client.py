@@ -86,7 +86,7 @@ class Connection:
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ReadTimeout, httpx.PoolTimeout,
                     httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as err:
                 raise Unreachable(f"upstream {self.upstream} did not answer: {_reason(err)}") from None
-            except httpx.HTTPError as err:
+            except (httpx.HTTPError, httpx.InvalidURL, UnicodeError, ValueError) as err:
                 raise Failed(f"upstream {self.upstream} failed: {_reason(err)}") from None
             try:
                 if response.is_redirect:

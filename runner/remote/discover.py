@@ -22,7 +22,8 @@ MAX_LIST = 4 << 20
 def discover(spec: RemoteSpec, cfg: _config.Config) -> tuple[RemoteModel, list[str]]:
     """The remote model ``spec`` names, and notes for the create's progress. The first replica
     that answers is asked; when none does, a model named with ``upstream_model`` is created as
-    named (its upstream may be down for now), else it is an UpstreamError."""
+    named (its upstream may be down for now), else the create is refused (InvalidRequest: the
+    request named a server that does not answer)."""
     upstreams = spec.upstreams()
     if not upstreams:
         raise InvalidRequest("a remote model needs at least one upstream URL")
@@ -38,8 +39,8 @@ def discover(spec: RemoteSpec, cfg: _config.Config) -> tuple[RemoteModel, list[s
     if spec.model:
         notes.append(f"upstream not reachable now ({failures[0]}); using upstream_model {spec.model}")
         return RemoteModel(upstreams, spec.model), notes
-    raise UpstreamError(f"{failures[0]}: cannot ask it which model it serves (or name one with "
-                        "PARAMETER upstream_model)")
+    raise InvalidRequest(f"{failures[0]}: cannot ask it which model it serves (or name one with "
+                         "PARAMETER upstream_model)")
 
 
 def _ask(upstream: Upstream, upstreams: tuple[Upstream, ...], wanted: str, cfg: _config.Config) -> RemoteModel:

@@ -17,6 +17,7 @@ URL with a user or password is refused, and the API key comes from ``POLLAMA_REM
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -65,11 +66,13 @@ class Upstream:
             raise InvalidRequest(f"invalid remote URL {raw!r}: no query or fragment, only http(s)://host[:port][/path]")
         if any(c.isspace() or ord(c) < 32 for c in raw):
             raise InvalidRequest(f"invalid remote URL {raw!r}")
-        host = parts.hostname.lower()
+        host = _checked_host(parts.hostname.lower(), raw)
         netloc = f"[{host}]" if ":" in host else host
         if port is not None:
             netloc += f":{port}"
         path = parts.path.rstrip("/")
+        if any(segment in (".", "..") for segment in path.split("/")):
+            raise InvalidRequest(f"invalid remote URL {raw!r}: no . or .. in its path")
         url = urlunsplit((parts.scheme.lower(), netloc, path, "", ""))
         return cls(url, OPENAI if path.endswith("/v1") else OLLAMA)
 
@@ -93,6 +96,26 @@ class Upstream:
 
     def __str__(self) -> str:
         return self.url
+
+
+_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+
+
+def _checked_host(host: str, raw: str) -> str:
+    """``host`` when it is an IP address or a DNS name (IDNA names in their ASCII form); else
+    InvalidRequest (``..``, empty labels, stray characters)."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise InvalidRequest(f"invalid remote URL {raw!r}: {host!r} is not a host name") from None
+    if len(ascii_host) > 253 or not all(_LABEL.match(label) for label in ascii_host.rstrip(".").split(".")):
+        raise InvalidRequest(f"invalid remote URL {raw!r}: {host!r} is not a host name")
+    return ascii_host
 
 
 def _without_userinfo(parts: Any) -> str:
