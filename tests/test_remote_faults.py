@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 import runner
+from cli.server_cmds import ps_table
 from brokenupstream import MODEL, BrokenUpstream
 from registry import MANIFEST, LocalRegistry
 from runner import config, prepare
@@ -247,6 +248,8 @@ def test_ps_and_tags_list_the_remote_model(front, broken):
     ps = httpx.get(front.url + "/api/ps", timeout=10).json()
     entry = next(m for m in ps["models"] if m["name"] == "rem:latest")
     assert (entry["remote_model"], entry["remote_host"], entry["engine"]) == (MODEL, broken.url, "remote")
+    row = ps_table([entry]).splitlines()[1]
+    assert row.startswith("rem:latest") and f"remote: {broken.url}" in row and "CPU" not in row
     tags = httpx.get(front.url + "/api/tags", timeout=10).json()
     entry = next(m for m in tags["models"] if m["name"] == "rem:latest")
     assert entry["remote_model"] == MODEL and entry["capabilities"] == ["completion"]
