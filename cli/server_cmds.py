@@ -173,12 +173,13 @@ def ps_table(models: list[dict[str, Any]]) -> str:
     rows = []
     for m in models:
         size = int(m.get("size") or 0)
+        remote = m.get("remote_host")  # a remote model: where it runs, not a size or a processor
         rows.append([
             m.get("name", ""),
             (m.get("digest") or "-")[:12],
-            human_size(size),
-            processor(size, int(m.get("size_vram") or 0)),
-            m.get("context_length", ""),
+            "-" if remote else human_size(size),
+            f"remote: {remote}" if remote else processor(size, int(m.get("size_vram") or 0)),
+            m.get("context_length") or ("-" if remote else ""),
             human_until(m.get("expires_at")),
         ])
     return format_table(["NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL"], rows)

@@ -18,6 +18,7 @@ from runner.api import PollamaError
 from runner.store.create import CreateSpec, create as create_model
 from runner.store.modelfile import parse as parse_modelfile, read as read_modelfile
 from runner.store.progress import Progress
+from runner.remote.upstream import RemoteSpec, is_url
 from runner.store.pull import pull as pull_model
 
 from . import render
@@ -75,6 +76,15 @@ def spec_from_modelfile(name: str, path: Path) -> CreateSpec:
     spec = CreateSpec(model=name, template=parsed.template, system=parsed.system,
                       parameters=parsed.parameters, messages=parsed.messages,
                       license=parsed.license or None)
+    urls = [value for value, _ in parsed.froms if is_url(value)]
+    if urls:  # a remote model: every FROM names an upstream (replicas)
+        if len(urls) != len(parsed.froms):
+            line = next(number for value, number in parsed.froms if not is_url(value))
+            raise _fail(f"Modelfile line {line}: a remote model's FROM lines must all be http(s):// URLs")
+        spec.remote = RemoteSpec(urls, parsed.upstream_model)
+        return spec
+    if parsed.upstream_model:
+        raise _fail("PARAMETER upstream_model is for remote models (FROM http(s)://...)")
     model_from: tuple[str, int] | None = None
     for value, number in parsed.froms:  # a FROM that is a projector file names the projector
         found = path.parent / Path(value).expanduser()

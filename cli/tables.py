@@ -8,7 +8,6 @@ from typing import Any, Iterable, Sequence
 from runner import ResolvedModel
 from runner.api import PollamaError
 from runner.model.ggufmeta import read_gguf_header
-from runner.template.features import capabilities
 from runner.store import StoredModel
 
 
@@ -49,7 +48,8 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 def list_table(models: Sequence[StoredModel]) -> str:
     return format_table(
         ["NAME", "ID", "SIZE", "MODIFIED"],
-        [[m.name, (m.digest or "-")[:12], human_size(m.size), human_ago(m.modified)] for m in models],
+        [[m.name, (m.digest or "-")[:12], "-" if m.remote else human_size(m.size), human_ago(m.modified)]
+         for m in models],
     )
 
 
@@ -65,8 +65,22 @@ def _projector_rows(path: str) -> list[tuple[str, object]]:
             ("dimensions", meta.get("clip.vision.projection_dim", "unknown"))]
 
 
+def _remote_text(model: ResolvedModel) -> str:
+    """``pollama show`` of a remote model: where it runs and what its upstream said."""
+    remote = model.remote
+    assert remote is not None
+    rows: list[tuple[str, object]] = [("remote model", remote.model), ("api", remote.api)]
+    rows += [("upstream" if len(remote.hosts) == 1 else f"replica {i + 1}", url) for i, url in enumerate(remote.hosts)]
+    rows.append(("context length", remote.context_length or "unknown (the upstream's)"))
+    out = ["  Model"] + [f"    {k:<20}{v}" for k, v in rows]
+    out += ["", "  Capabilities"] + [f"    {c}" for c in model.capabilities]
+    return "\n".join(out) + "\n"
+
+
 def show_text(model: ResolvedModel, verbose: bool = False, devices: str = "") -> str:
     """``pollama show``'s text; ``devices``: where a load would put the model's layers now."""
+    if model.remote is not None:
+        return _remote_text(model)
     info = model.info
     rows = [
         ("architecture", info.architecture),
@@ -79,7 +93,7 @@ def show_text(model: ResolvedModel, verbose: bool = False, devices: str = "") ->
     out = ["  Model"] + [f"    {k:<20}{v}" for k, v in rows]
     if info.projector:
         out += ["", "  Projector"] + [f"    {k:<20}{v}" for k, v in _projector_rows(info.projector)]
-    out += ["", "  Capabilities"] + [f"    {c}" for c in capabilities(info, model.template)]
+    out += ["", "  Capabilities"] + [f"    {c}" for c in model.capabilities]
     if devices:
         out += ["", "  Devices", f"    {devices}"]
     if info.metadata.get("general.license"):

@@ -68,6 +68,12 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     t0 = time.perf_counter_ns()
     cfg = cfg or _config.load()
     info = model.info
+    if model.remote is not None:  # nothing to load: a runner that forwards to the upstream
+        from .remote.runner import RemoteRunner
+
+        remote = RemoteRunner(info, model.remote, cfg)
+        remote.load_duration = time.perf_counter_ns() - t0
+        return remote
     if plan is None:
         plan = load_options(info, options if options is not None else Options(), cfg, num_parallel)
     name, need, placement = _decide(info, plan, cfg)
@@ -97,6 +103,8 @@ def placement(model: ResolvedModel, options: Options | None = None, cfg: _config
     """Where :func:`load` would put ``model``'s layers with ``options`` now, without loading it
     (``pollama show``). Raises what a load's placement raises (InvalidRequest: a ``main_gpu``
     that names no GPU)."""
+    if model.remote is not None:
+        return Offload(devices="remote")
     cfg = cfg or _config.load()
     plan = load_options(model.info, options if options is not None else Options(), cfg)
     return _decide(model.info, plan, cfg)[2].offload()

@@ -70,6 +70,17 @@ class LoadError(PollamaError):
     status = 500
 
 
+class UpstreamError(PollamaError):
+    """A remote model's upstream server failed (502) or refused the request (its own 4xx,
+    passed on); the message names the upstream."""
+
+    status = 502
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 # -------------------------------------------------------------------------------------- options
 class DoneReason(str, enum.Enum):
     STOP = "stop"
@@ -270,14 +281,15 @@ class Grammar:
 class ChatTemplate:
     """The template prompts are rendered with, and where it came from."""
 
-    kind: str  # "go", "jinja", "builtin" (llama.cpp's, by name) or "plain"
+    kind: str  # "go", "jinja", "builtin" (llama.cpp's, by name), "plain" or "remote" (the upstream's own)
     source: str  # the Go or Jinja text, or the built-in's name ("" for plain)
     origin: str  # where it came from, for people
 
     def describe(self) -> str:
         """One line: what kind, from where."""
         what = {"go": "Go template", "jinja": "Jinja template", "plain": "no template: plain text",
-                "builtin": f'llama.cpp built-in template "{self.source}"'}[self.kind]
+                "builtin": f'llama.cpp built-in template "{self.source}"',
+                "remote": "the upstream's own template"}[self.kind]
         return f"{what} ({self.origin})"
 
     def show(self) -> str:
@@ -287,6 +299,8 @@ class ChatTemplate:
             return self.source
         if self.kind == "builtin":
             return f"{self.describe()}: the GGUF has no chat template"
+        if self.kind == "remote":
+            return f"No template here: this is a remote model, and {self.origin} applies its own."
         return "No prompt template was specified for this model (plain text)."
 
 
@@ -321,6 +335,9 @@ class Request:
     # clients ask every model to think. False (/api/chat, /api/generate, OpenAI's): a 400.
     relax_think: bool = False
     options: Options = field(default_factory=Options)
+    # the option names the caller or the model's PARAMETERs set (runner.prepare.prepare fills it);
+    # the others hold Ollama's defaults. A remote model forwards only these (runner.remote).
+    options_set: frozenset[str] = frozenset()
     truncate: bool = True
     shift: bool = True
     logprobs: bool = False

@@ -30,6 +30,11 @@ DEFAULT_CACHE_RAM = 1024
 # ~180 conversations of 2k tokens of SmolLM2 (45 MiB each), ~20 of an 8k-token 1B model.
 DEFAULT_CACHE_DISK = 8192
 DEFAULT_CACHE_DIR = "~/.pollama/cache"  # POLLAMA_CACHE_DIR (read at each load: the tests point it elsewhere)
+# POLLAMA_REMOTE_TIMEOUT, seconds a remote model's upstream may take to send its first byte, and
+# then between bytes: 10 minutes, as a long prompt on a busy upstream may take minutes to start
+DEFAULT_REMOTE_TIMEOUT = 600.0
+# POLLAMA_REMOTE_PARALLEL: requests one replica of a remote model serves at once; more wait
+DEFAULT_REMOTE_PARALLEL = 16
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,15 @@ class Config:
     speculative: bool = True
     # OLLAMA_GPU_OVERHEAD: bytes of each GPU's free memory that offload leaves alone (runner.loading.gpu)
     gpu_overhead: int = 0
+    # OLLAMA_REMOTES: the hosts (lowercase names, comma-separated) a model pulled from a registry
+    # may forward prompts to (runner.remote); none by default. Models created here from a
+    # Modelfile are the user's own choice and need no entry.
+    remotes: tuple[str, ...] = ()
+    # POLLAMA_REMOTE_API_KEY: sent as "Authorization: Bearer ..." to every remote model's
+    # upstream; read here, never written to the store
+    remote_api_key: str = ""
+    remote_timeout: float = DEFAULT_REMOTE_TIMEOUT  # POLLAMA_REMOTE_TIMEOUT
+    remote_parallel: int = DEFAULT_REMOTE_PARALLEL  # POLLAMA_REMOTE_PARALLEL
 
     @property
     def cache_ram_bytes(self) -> int:
@@ -188,6 +202,25 @@ def parse_origins(raw: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def parse_remotes(raw: str) -> tuple[str, ...]:
+    """OLLAMA_REMOTES: comma-separated host names (``gpu-box``, ``10.0.0.7``, ``[::1]`` or
+    ``::1``), trimmed and lowercased; a ``scheme://`` or ``:port`` given with one is dropped
+    (the rule is about hosts)."""
+    out: list[str] = []
+    for entry in raw.split(","):
+        host = entry.strip().lower()
+        if "://" in host:
+            host = host.split("://", 1)[1]
+        host = host.split("/", 1)[0]
+        if host.startswith("["):
+            host = host[1:].partition("]")[0]
+        elif host.count(":") == 1:
+            host = host.partition(":")[0]
+        if host and host not in out:
+            out.append(host)
+    return tuple(out)
+
+
 def _positive_duration(env: Mapping[str, str], name: str, default: float) -> float:
     """A duration (``60``, ``90s``, ``2m``) that must be finite and more than zero; else the default."""
     raw = _clean(env, name)
@@ -242,6 +275,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
         speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
         gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
+        remotes=parse_remotes(_clean(env, "OLLAMA_REMOTES")),
+        remote_api_key=_clean(env, "POLLAMA_REMOTE_API_KEY"),
+        remote_timeout=_positive_duration(env, "POLLAMA_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT),
+        remote_parallel=_uint(env, "POLLAMA_REMOTE_PARALLEL", DEFAULT_REMOTE_PARALLEL) or DEFAULT_REMOTE_PARALLEL,
     )
 
 

@@ -90,6 +90,14 @@ def options(model: ResolvedModel, values: Mapping[str, Any] | None) -> Options:
     return checked(base.merged(values))
 
 
+def options_set(model: ResolvedModel, values: Mapping[str, Any] | None) -> frozenset[str]:
+    """The names of the options the model's PARAMETERs or ``values`` set (not null): the rest
+    are defaults (what :func:`options` merged, by name)."""
+    known = set(Options.names())
+    given = {str(k) for k, v in (values or {}).items() if v is not None} if isinstance(values, Mapping) else set()
+    return frozenset((set(model.defaults.params) | given) & known)
+
+
 def prepare(model: ResolvedModel, request: Request, values: Mapping[str, Any] | None = None,
             budget: _prompt.RenderBudget | None = None) -> Request:
     """``request`` made ready for a runner of ``model`` (in place, and returned): its options
@@ -100,6 +108,7 @@ def prepare(model: ResolvedModel, request: Request, values: Mapping[str, Any] | 
     Probing a template not seen before renders it: call this off an event loop; the probes draw
     on ``budget`` (the request's render budget, shared with its prompt) when given."""
     request.options = options(model, values)
+    request.options_set = options_set(model, values)
     request.think = think_level(request.think)
     if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}")
@@ -110,6 +119,9 @@ def prepare(model: ResolvedModel, request: Request, values: Mapping[str, Any] | 
         request.messages = store.starting_messages(defaults, list(request.messages))
     if request.tool_choice.mode == "none":  # OpenAI's "none": the tools are not offered at all
         request.tools = []
+    if model.remote is not None:  # its upstream templates the request, and refuses what its model cannot do
+        request.chat_template = model.template
+        return request
     request.chat_template = _prompt.request_template(request.template) if request.template else model.template
     if has_images(request.messages, request.images) and not model.info.vision:
         raise NoVision()

@@ -19,6 +19,8 @@ from .. import config as _config
 from .. import store
 from ..api import ChatTemplate, ModelInfo
 from ..model import ggufmeta
+from ..remote.upstream import RemoteModel
+from ..template import features
 from ..template.prompt import model_template
 from . import ggufcheck
 
@@ -45,13 +47,33 @@ class ResolvedModel:
     def of(cls, stored: store.StoredModel, name: str | None = None, projector: str | None = None) -> ResolvedModel:
         """The model of a store entry already found (``name``: how it was named, else its own)."""
         defaults = store.model_defaults(stored)
+        if stored.remote is not None:
+            origin = f"its upstream {stored.remote.upstreams[0]}"
+            return cls(name or stored.name, stored, remote_info(stored, stored.remote), defaults,
+                       ChatTemplate("remote", "", origin))
         info = _infos.get(stored, projector)
         return cls(name or stored.name, stored, info, defaults, model_template(info, defaults.template))
 
     @property
+    def remote(self) -> RemoteModel | None:
+        """The upstream servers that run this model, when it is a remote model."""
+        return self.stored.remote
+
+    @property
     def key(self) -> str:
-        """The resolved GGUF path: every name of one file shares one loaded runner."""
+        """The resolved GGUF path: every name of one file shares one loaded runner (a remote
+        model: its upstreams and its name there)."""
+        if self.stored.remote is not None:
+            return "remote:" + " ".join(self.stored.remote.hosts) + " " + self.stored.remote.model
         return str(self.stored.path)
+
+    @property
+    def capabilities(self) -> list[str]:
+        """Ollama's capability names: what its template allows (a remote model: what its
+        upstream said when the model was created)."""
+        if self.stored.remote is not None:
+            return list(self.stored.remote.capabilities)
+        return features.capabilities(self.info, self.template)
 
 
 def resolve(name: str | None, cfg: _config.Config | None = None, *, projector: str | None = None,
@@ -62,6 +84,14 @@ def resolve(name: str | None, cfg: _config.Config | None = None, *, projector: s
     ``from_network``: the name came in a request (:func:`runner.store.lookup` says what changes).
     """
     return ResolvedModel.of(store.lookup(name, cfg or _config.load(), from_network=from_network), name, projector)
+
+
+def remote_info(stored: store.StoredModel, remote: RemoteModel) -> ModelInfo:
+    """What is known of a remote model here: what its upstream said when it was created."""
+    return ModelInfo(name=stored.name, path=remote.upstreams[0].url, architecture=remote.family or "remote",
+                     size=0, context_length=remote.context_length, embedding_length=remote.embedding_length,
+                     parameter_count=0, quantization="remote", chat_template=None,
+                     metadata={"general.architecture": remote.family or "remote"})
 
 
 def model_info(stored: store.StoredModel, projector: str | None = None) -> ModelInfo:

@@ -8,7 +8,6 @@ from typing import Any
 from runner import config as _config
 from runner.model import ggufmeta
 from runner import ResolvedModel, store
-from runner.template import features as templatefeatures
 from runner.store import modelfile
 from runner.api import ModelInfo, PollamaError
 
@@ -56,8 +55,18 @@ def details(info: ModelInfo) -> dict[str, Any]:
 
 
 def capabilities(model: ResolvedModel) -> list[str]:
-    """Ollama's list: what the model's template supports (runner.template.features)."""
-    return templatefeatures.capabilities(model.info, model.template)
+    """Ollama's list: what the model's template supports (runner.template.features), or what
+    a remote model's upstream said."""
+    return model.capabilities
+
+
+def remote_fields(stored: store.StoredModel) -> dict[str, Any]:
+    """Ollama's ``remote_model`` and ``remote_host`` of a remote model (pollama adds
+    ``remote_hosts``, its replicas); nothing for a local one."""
+    if stored.remote is None:
+        return {}
+    return {"remote_model": stored.remote.model, "remote_host": stored.remote.upstreams[0].url,
+            "remote_hosts": stored.remote.hosts}
 
 
 # -------------------------------------------------------------------------------------- lists
@@ -85,6 +94,7 @@ def tag_entry(stored: store.StoredModel) -> dict[str, Any] | None:
         "digest": store.digest(stored),
         "details": details(model.info),
         "capabilities": capabilities(model),
+        **remote_fields(stored),
     }
 
 
@@ -101,13 +111,16 @@ def ps_entry(model: LoadedModel) -> dict[str, Any]:
         "expires_at": iso(model.expires_at) if model.expires_at else "0001-01-01T00:00:00Z",
         "size_vram": runner.offload.size_vram(size),  # bytes on GPUs (runner.loading.gpu's estimate)
         "context_length": runner.num_ctx,
-        "engine": runner.engine,  # beyond Ollama: "old" (llama.cpp) or "new" (our GGML code)
+        "engine": runner.engine,  # beyond Ollama: "old" (llama.cpp), "new" (our GGML code) or "remote"
         "devices": runner.offload.devices,  # beyond Ollama: "CPU", "CUDA0 (NVIDIA H200) 31/31 layers"
+        **remote_fields(model.stored),
     }
 
 
 def show(cfg: _config.Config, model: ResolvedModel, verbose: bool) -> dict[str, Any]:
     stored, info = model.stored, model.info
+    if stored.remote is not None:
+        return _show_remote(cfg, model)
     header = ggufmeta.read_gguf_header(stored.path)
     model_info: dict[str, Any] = dict(header.metadata)
     for key in header.array_lengths:  # arrays are not read (Ollama sends null unless verbose)
@@ -131,6 +144,28 @@ def show(cfg: _config.Config, model: ResolvedModel, verbose: bool) -> dict[str, 
     if info.projector:  # Ollama's projector_info: the projector GGUF's own metadata
         projector = ggufmeta.read_gguf_header(info.projector)
         out["projector_info"] = _jsonable({**projector.metadata, **{k: None for k in projector.array_lengths}})
+    if shown.system:
+        out["system"] = shown.system
+    if shown.messages:
+        out["messages"] = shown.messages
+    return out
+
+
+def _show_remote(cfg: _config.Config, model: ResolvedModel) -> dict[str, Any]:
+    """``/api/show`` of a remote model, as Ollama shows a cloud model: its Modelfile, details,
+    capabilities and ``remote_model``/``remote_host``; ``model_info`` what its upstream said."""
+    stored, info = model.stored, model.info
+    shown = modelfile.show(store.Layout(cfg.models), stored, "")
+    model_info: dict[str, Any] = {"general.architecture": info.architecture}
+    if info.context_length:
+        model_info[f"{info.architecture}.context_length"] = info.context_length
+    if info.embedding_length:
+        model_info[f"{info.architecture}.embedding_length"] = info.embedding_length
+    out: dict[str, Any] = {
+        "license": shown.license, "modelfile": shown.modelfile, "parameters": shown.parameters,
+        "template": "", "details": details(info), "model_info": model_info,
+        "capabilities": capabilities(model), "modified_at": iso(stored.modified), **remote_fields(stored),
+    }
     if shown.system:
         out["system"] = shown.system
     if shown.messages:

@@ -86,9 +86,12 @@ class Scheduler:
         self.closing = False
 
     # ------------------------------------------------------------------------------ lookups
-    def load_key(self, info: ModelInfo, options: Options) -> LoadOptions:
-        """What a loaded runner must match: the load-time options after defaults and clamps."""
-        return _runner.load_options(info, options, self.cfg)
+    def load_key(self, resolved: ResolvedModel, options: Options) -> LoadOptions:
+        """What a loaded runner must match: the load-time options after defaults and clamps (a
+        remote model loads nothing: every request shares its one runner)."""
+        if resolved.remote is not None:
+            return _runner.load_options(resolved.info, Options(), self.cfg)
+        return _runner.load_options(resolved.info, options, self.cfg)
 
     def find(self, stored: store.StoredModel) -> LoadedModel | None:
         """The loaded runner of ``stored``'s file, if any."""
@@ -108,7 +111,7 @@ class Scheduler:
         if self.closing:
             raise ShuttingDown("server is shutting down")
         key = resolved.key
-        want = self.load_key(resolved.info, options)
+        want = self.load_key(resolved, options)
         keep = self.cfg.keep_alive if keep_alive is None else keep_alive
         model = self.loaded.get(key)
         if model is not None and model.load_key.serves(want) and not model.unloading:
@@ -140,8 +143,9 @@ class Scheduler:
                     continue
                 await self._unload(model)
                 continue
-            if len(self.loaded) >= max(1, self.cfg.max_loaded_models):
-                idle = [m for m in self.loaded.values() if m.refs == 0]
+            local = [m for m in self.loaded.values() if m.stored.remote is None]  # remote ones hold no memory
+            if resolved.remote is None and len(local) >= max(1, self.cfg.max_loaded_models):
+                idle = [m for m in local if m.refs == 0]
                 if not idle:
                     await self._wait_change()
                     continue

@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect
 from runner import store
 from runner.api import InvalidRequest, PollamaError
 from runner.store import blobs as _blobs
-from runner.store.create import CreateSpec, create as create_model
+from runner.store.create import CreateSpec, create as create_model, remote_spec
 from runner.store.progress import Progress
 from runner.store.pull import parse_pull_name, pull as pull_model
 
@@ -67,6 +67,8 @@ class CreateBody(_Body):
     license: str | list[str] | None = None
     quantize: str | None = None
     quantization: str | None = None
+    remote_host: str | None = None  # Ollama's: a remote model on this Ollama-API host ("from" names it there)
+    remote_hosts: list[str] | None = None  # pollama's: a remote model's replicas (README "Remote models")
     stream: bool | None = None
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True,
@@ -156,11 +158,13 @@ async def push(body: PullBody) -> Response:
 
 @router.post("/api/create")
 async def create(body: CreateBody, svc: Service = Depends(service)) -> Response:
+    parameters = dict(body.parameters or {})
+    remote = remote_spec(body.from_ or "", body.remote_host, body.remote_hosts, parameters)
     spec = CreateSpec(
-        model=body.model or body.name, from_=body.from_ or "", files=dict(body.files or {}),
+        model=body.model or body.name, from_="" if remote else body.from_ or "", files=dict(body.files or {}),
         adapters=dict(body.adapters or {}), template=body.template, system=body.system,
-        parameters=dict(body.parameters or {}), messages=list(body.messages or []),
-        license=body.license, quantize=body.quantize or body.quantization or "",
+        parameters=parameters, messages=list(body.messages or []),
+        license=body.license, quantize=body.quantize or body.quantization or "", remote=remote,
     )
     spec.check()  # a bad request is 400 before anything streams
     cfg = svc.cfg

@@ -26,6 +26,7 @@ from typing import Any
 from .. import config as _config
 from ..model import ggufmeta
 from ..api import InvalidModel, InvalidRequest, Message, ModelNotFound, Options, PollamaError
+from ..remote.upstream import RemoteModel
 from . import blobs, manifests
 from .layout import Layout, OutsideStore
 from .manifests import MODEL_MEDIA_TYPE
@@ -52,6 +53,8 @@ class StoredModel:
     digest: str  # hex sha256 when known (store blobs), else ""
     manifest: dict[str, Any] | None = None
     layers: dict[str, Path] = field(default_factory=dict)  # media type suffix -> blob path
+    # a remote model (its config blob names an upstream): ``path`` is then that config blob
+    remote: RemoteModel | None = None
 
 
 # ------------------------------------------------------------------------------------ resolving
@@ -120,6 +123,9 @@ def _from_manifest(layout: Layout, name: Name, manifest: dict[str, Any]) -> Stor
                 model_blob = blob
     except OutsideStore as err:
         raise InvalidModel(f'model "{name}" has a bad manifest: {err}') from None
+    remote = remote_of(layout, name, manifest) if model_blob is None else None
+    if remote is not None:
+        model_blob = remote[0]
     if model_blob is None:
         raise InvalidModel(f'model "{name}" has no GGUF model layer')
     try:
@@ -138,7 +144,31 @@ def _from_manifest(layout: Layout, name: Name, manifest: dict[str, Any]) -> Stor
         digest=model_blob.name.removeprefix("sha256-"),
         manifest=manifest,
         layers=layers,
+        remote=remote[1] if remote is not None else None,
     )
+
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def remote_of(layout: Layout, name: Name, manifest: dict[str, Any]) -> tuple[Path, RemoteModel] | None:
+    """The config blob and the remote model it records (Ollama's ``remote_host`` and
+    ``remote_model``), or None when it records none. Raises InvalidModel when unreadable."""
+    config = manifest.get("config")
+    if not isinstance(config, dict):
+        return None
+    try:
+        path = layout.blob(str(config.get("digest", "")))
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ValueError("its config blob is larger than 1 MiB")
+        remote = RemoteModel.from_config(json.loads(data))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, InvalidRequest) as err:
+        raise InvalidModel(f'model "{name}" has a bad config: {err}') from None
+    return (path, remote) if remote is not None else None
 
 
 def check_projector(path: str | Path) -> Path:

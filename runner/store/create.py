@@ -12,7 +12,12 @@ before it becomes a model layer. Then, as Ollama does:
 - ``license``: one layer per text, added to the base model's;
 - a projector GGUF (``general.architecture = clip``: a Modelfile's second ``FROM``, or a second
   file in ``files``) becomes the ``projector`` layer, replacing the base model's;
-- ``adapters`` and ``quantize`` are refused (pollama applies no LoRA and does not quantize).
+- ``adapters`` and ``quantize`` are refused (pollama applies no LoRA and does not quantize);
+- a remote model (``from`` an ``http(s)://`` URL, Ollama's ``remote_host``, or pollama's
+  ``remote_hosts`` for replicas; ``parameters.upstream_model`` names the model upstream) has no
+  weights: its upstream is asked what it serves (:mod:`runner.remote.discover`) and its config
+  blob records it as Ollama records a cloud model. A model made from a remote model is remote too.
+  A TEMPLATE is refused for them: the upstream applies its own.
 
 Statuses: ``parsing GGUF`` / ``using existing layer sha256:…`` / ``creating new layer sha256:…``,
 ``writing manifest``, ``success``.
@@ -30,6 +35,8 @@ from typing import Any, Iterator
 
 from .. import config as _config
 from ..model import ggufmeta
+from ..remote.discover import discover
+from ..remote.upstream import RemoteModel, RemoteSpec, is_url
 from ..api import Cancelled, InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError, coerce_option
 from . import blobs, manifests
 from .layout import Layout, OutsideStore, digest_hex
@@ -60,18 +67,26 @@ class CreateSpec:
     quantize: str = ""
     from_file: Path | None = None  # the CLI's local .gguf (never set from a request)
     projector_file: Path | None = None  # the CLI's local projector .gguf (a second FROM)
+    remote: RemoteSpec | None = None  # a remote model: its upstream URLs (FROM http(s)://...)
 
     def check(self) -> None:
         """Refuse a request that cannot work, before anything is written (InvalidRequest)."""
         from . import _store_name
 
         _store_name(self.model, "model")
+        if self.remote is not None:
+            if self.from_ or self.files or self.from_file or self.projector_file:
+                raise InvalidRequest("a remote model is made from upstream URLs only: its FROM lines must all "
+                                     "be http(s):// URLs")
+            self.remote.upstreams()  # a bad URL is refused now
+            if self.template:
+                raise InvalidRequest("TEMPLATE cannot be set on a remote model: its upstream applies its own")
         if self.quantize:
             raise InvalidRequest(f'quantize "{self.quantize}" is not supported: pollama creates '
                                  "models from GGUF files as they are (quantize with llama.cpp's llama-quantize)")
         if self.adapters:
             raise InvalidRequest("adapters are not supported: pollama does not apply LoRA adapters")
-        if not (self.from_ or self.files or self.from_file):
+        if not (self.from_ or self.files or self.from_file or self.remote):
             raise InvalidRequest("neither 'from' or 'files' was specified")
         ggufs = [n for n in self.files if n.lower().endswith(".gguf")] or list(self.files)
         if len(ggufs) > 2:
@@ -89,6 +104,29 @@ class CreateSpec:
         if self.license is None or self.license == "":
             return []
         return list(self.license) if isinstance(self.license, list) else [self.license]
+
+
+def remote_spec(from_: str, remote_host: str | None, remote_hosts: list[str] | None,
+                parameters: dict[str, Any]) -> RemoteSpec | None:
+    """A create request's remote model, if it makes one: ``from`` a URL, Ollama's ``remote_host``
+    (then ``from`` is the model's name upstream), or ``remote_hosts`` (replicas). Takes
+    ``upstream_model`` out of ``parameters``. None for a local model."""
+    model = parameters.pop("upstream_model", None) if isinstance(parameters, dict) else None
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("parameter upstream_model must be a string")
+    urls = list(remote_hosts or [])
+    if remote_host:
+        urls.insert(0, remote_host)
+        model = model or from_
+    elif from_ and is_url(from_):
+        urls.insert(0, from_)
+    if not urls:
+        if model:
+            raise InvalidRequest("parameter upstream_model is for remote models (FROM http(s)://...)")
+        return None
+    if not all(isinstance(u, str) for u in urls):
+        raise InvalidRequest("remote_hosts must be a list of URLs")
+    return RemoteSpec(urls, model or "")
 
 
 def checked_parameters(values: dict[str, Any]) -> dict[str, Any]:
@@ -200,6 +238,18 @@ def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec, imported
     return layers
 
 
+def _base_remote(cfg: _config.Config, spec: CreateSpec) -> RemoteModel | None:
+    """The remote model ``spec.from_`` is, when it is a remote store model."""
+    from . import lookup
+
+    if not spec.from_ or spec.files or spec.from_file:
+        return None
+    try:
+        return lookup(spec.from_, cfg, from_network=True).remote
+    except PollamaError:
+        return None
+
+
 def _read_json_layer(layout: Layout, layers: list[dict[str, Any]], media: str) -> Any:
     for layer in layers:
         if layer.get("mediaType") == media:
@@ -223,7 +273,20 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
     layout = Layout(cfg.models)
     imported: list[Path] = []  # local files copied in, and blobs written, before the manifest
     written: list[bytes] = []  # names them: a concurrent delete may prune them meanwhile
-    layers = yield from _base_layers(cfg, layout, spec, imported)
+    remote: RemoteModel | None = None
+    if spec.remote is not None:
+        yield Progress("asking the upstream which model it serves")
+        remote, notes = discover(spec.remote, cfg)
+        for note in notes:
+            yield Progress(note)
+        yield Progress(f"remote model {remote.model} ({remote.api} API, {len(remote.upstreams)} "
+                       f"replica{'s' if len(remote.upstreams) > 1 else ''})")
+        layers: list[dict[str, Any]] = []
+    else:
+        layers = yield from _base_layers(cfg, layout, spec, imported)
+        remote = _base_remote(cfg, spec)
+        if remote is not None and spec.template:
+            raise InvalidRequest("TEMPLATE cannot be set on a remote model: its upstream applies its own")
     if spec.projector_file is not None:
         yield Progress("parsing GGUF")
         layers = _without(layers, PROJECTOR_MEDIA_TYPE) + [_projector_layer(layout, spec.projector_file, imported)]
@@ -254,7 +317,10 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
     if spec.messages:
         put(MESSAGES, json.dumps(spec.messages).encode())
     yield from new
-    config = json.dumps({"model_format": "gguf", "model_family": "", "file_type": ""}).encode()
+    fields: dict[str, Any] = {"model_format": "gguf", "model_family": "", "file_type": ""}
+    if remote is not None:  # as Ollama records a cloud model
+        fields = {"model_format": "", "model_family": "", "file_type": "", **remote.config()}
+    config = json.dumps(fields).encode()
     config_digest = blobs.write_blob(layout, config)
     written.append(config)
     manifest = {

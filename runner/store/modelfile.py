@@ -4,7 +4,9 @@ One instruction per line, the keyword in any case; ``#`` starts a comment line::
 
     FROM <store name | path to a .gguf, relative to the Modelfile>
     FROM <path to a vision projector .gguf>   (another FROM: the model's ``projector`` layer)
+    FROM <http(s):// URL of an upstream server>   (a remote model; several FROM URLs: replicas)
     PARAMETER <name> <value>        (repeatable; several ``stop`` lines accumulate)
+    PARAMETER upstream_model <name> (a remote model: the model's name on its upstream)
     TEMPLATE <text>                 (Ollama's Go template)
     SYSTEM <text>
     MESSAGE <system|user|assistant> <text>
@@ -56,8 +58,10 @@ class Modelfile:
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
+    upstream_model: str = ""  # PARAMETER upstream_model: a remote model's name on its upstream
 
 
+UPSTREAM_MODEL = "upstream_model"
 MAX_MODELFILE_BYTES = 1 << 20
 
 
@@ -147,6 +151,9 @@ def parse(text: str) -> Modelfile:
             if not name or not value.strip():
                 raise _error(number, "PARAMETER needs a name and a value")
             raw = _text(value, number, lines)
+            if name == UPSTREAM_MODEL:
+                out.upstream_model = raw.strip()
+                continue
             try:
                 coerced = coerce_option(name, raw)
             except InvalidRequest as err:
@@ -220,8 +227,12 @@ def show(layout: "Layout", stored: "StoredModel", chat_template: str, gguf_licen
         "# To build a new Modelfile based on this, replace FROM with:",
         f"# FROM {stored.name}",
         "",
-        f"FROM {stored.path}",
     ]
+    if stored.remote is not None:  # a remote model: its upstreams, and its name there
+        lines += [f"FROM {url}" for url in stored.remote.hosts]
+        lines.append(f"PARAMETER upstream_model {stored.remote.model}")
+    else:
+        lines.append(f"FROM {stored.path}")
     if "projector" in stored.layers:
         lines.append(f"FROM {stored.layers['projector']}")
     if template:

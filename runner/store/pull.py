@@ -144,12 +144,28 @@ def pull(cfg: _config.Config, text: str, *, insecure: bool = False,
     yield Progress("verifying sha256 digest")
     for layer in layers:
         _verify(layout, layer, hashes[layer.digest])
+    _check_remote(cfg, layout, name, manifest, layers)
     yield Progress("writing manifest")
     # under the store's lock, as copy and delete: a delete meanwhile cannot prune what the
     # manifest names, and the old version's blobs nobody uses go (as Ollama)
     manifests.commit(layout, name, manifest, raw=raw)
     log.info("pulled %s", name)
     yield Progress("success")
+
+
+def _check_remote(cfg: _config.Config, layout: Layout, name: Name, manifest: dict[str, Any],
+                  layers: list[_Layer]) -> None:
+    """A pulled model that forwards prompts to an upstream (a remote model) may name only hosts
+    in ``OLLAMA_REMOTES`` (none by default): else pulling a model could send a user's prompts
+    anywhere. Refused (InvalidRequest) before its manifest is written; its blobs are pruned."""
+    from . import remote_of
+
+    found = remote_of(layout, name, manifest)
+    why = found[1].refusal(cfg.remotes) if found is not None else None
+    if why is None:
+        return
+    manifests.prune(layout, {h for h in (digest_hex(layer.digest) for layer in layers) if h})
+    raise InvalidRequest(f"pull {name}: {why}")
 
 
 def _hash_file(path: Path, limit: int) -> tuple["hashlib._Hash", int]:
