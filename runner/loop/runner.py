@@ -393,7 +393,9 @@ class BatchRunner:
         assert slot is not None and seq.drafts is not None
         if not out.generated:
             return []
-        limit = min(room, self.num_ctx - len(slot.inputs) - 1, out.num_predict - out.num_predicted - 1)
+        limit = min(room, self.num_ctx - len(slot.inputs) - 1)
+        if out.num_predict > 0:  # 0: no limit
+            limit = min(limit, out.num_predict - out.num_predicted - 1)
         others = sum(entry is not None for entry in self._seqs) - 1
         return self.speculation.propose(seq.drafts, out.generated, limit, others)
 
