@@ -230,6 +230,7 @@ class BatchRunner:
         self._save_slots()
         self.prompter.close()
         self.decoder.close()
+        self.speculation.close()
         self.model_engine.close()
 
     def _save_slots(self) -> None:
@@ -321,7 +322,7 @@ class BatchRunner:
             since = time.perf_counter_ns()
             slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=seq.request.cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
-            seq.drafts = self.speculation.begin(seq.prompt, seq.request.options.draft_num_predict)
+            seq.drafts = self.speculation.begin(seq.prompt, seq.request.options.draft_num_predict, slot.id)
             seq.output.started(cached=len(seq.prompt) - len(remaining), evaluated=len(remaining),
                                cached_from=slot.cached_from, since=since)
             self._seqs[i] = seq
