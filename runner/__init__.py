@@ -42,6 +42,7 @@ from .loop.engine import Engine
 from .loop.pipeline import InlineDecoder, ThreadDecoder
 from .loop.runner import BatchRunner
 from .spec.controller import Speculation
+from .spec.draftmodel import DraftModel
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",
@@ -67,28 +68,45 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     info = model.info
     if plan is None:
         plan = load_options(info, options if options is not None else Options(), cfg, num_parallel)
-    name = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
-    need = loadplan.reservation(info, plan.num_ctx, plan.num_parallel, plan.num_batch, plan.kv_cache_type,
-                                plan.flash_attention, name)
-    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel)
-    engine: Engine
-    if name == "new":
-        from .engines.ggml import GGMLEngine
-
-        engine = GGMLEngine(info, plan)
-    else:
-        from .engines.llamacpp.engine import LlamaEngine
-
-        engine = LlamaEngine(info, plan)
+    draft_info = resolve(plan.draft, cfg).info if plan.draft else None
+    engine, need = _engine(info, plan, cfg)
+    draft: DraftModel | None = None
+    draft_bytes = 0
+    if draft_info is not None:
+        try:
+            draft_engine, draft_need = _engine(draft_info, plan, cfg)
+            # decoding is memory-bound: a token of the draft model costs about its share of the bytes
+            draft = DraftModel.checked(engine, draft_engine, plan.num_ctx, plan.num_batch,
+                                       draft_info.size / max(info.size, 1), plan.draft)
+        except BaseException:
+            engine.close()
+            raise
+        draft_bytes = draft_engine.memory_size or draft_need.total
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
-                         speculation=Speculation(enabled=cfg.speculative))
-    runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
+                         speculation=Speculation(enabled=cfg.speculative, draft=draft))
+    runner.memory_size = (runner.memory_size or need.total) + draft_bytes
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()
     return runner
+
+
+def _engine(info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> tuple[Engine, loadplan.Reservation]:
+    """The engine for ``info`` (the new one where ``OLLAMA_NEW_ENGINE`` asks and it runs the
+    model), after the memory it needs is found to be there."""
+    name = "new" if cfg.new_engine and _new_engine_runs(info) else "old"
+    need = loadplan.reservation(info, plan.num_ctx, plan.num_parallel, plan.num_batch, plan.kv_cache_type,
+                                plan.flash_attention, name)
+    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel)
+    if name == "new":
+        from .engines.ggml import GGMLEngine
+
+        return GGMLEngine(info, plan), need
+    from .engines.llamacpp.engine import LlamaEngine
+
+    return LlamaEngine(info, plan), need
 
 
 def _prompt_store(engine: Engine, info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> PromptStore | None:

@@ -184,8 +184,9 @@ def test_a_tool_call(tmp_path, engine):
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["old", "new"])
 def test_an_image_in_the_prompt(gemma3_path, tmp_path, engine):
-    """gemma-3-270m with a random projector (tests/mmproj.py): the text around the image repeats,
-    so lookup keys end next to it; no key spans the image and no draft holds its positions."""
+    """gemma-3-270m with a random projector (tests/mmproj.py): the line before the image comes
+    again after it, so lookup drafts from both sides of the image; no key spans it and no draft
+    holds its positions."""
     from tests.test_vision_llama import picture
 
     mmproj = write_mmproj(tmp_path / "mmproj.gguf")
@@ -194,7 +195,8 @@ def test_an_image_in_the_prompt(gemma3_path, tmp_path, engine):
                     Options().merged({"num_ctx": 512, "num_batch": 64}), cfg, num_parallel=1)
     assert r.engine == engine
     count = "one two three four five six seven eight nine ten "
-    prompt = f"<start_of_turn>user\nCount: {count}[img-0]{count}{count}<end_of_turn>\n<start_of_turn>model\n{count}"
+    prompt = (f"<start_of_turn>user\nRepeat this line three times: {count}\n[img-0]<end_of_turn>\n"
+              f"<start_of_turn>model\n{count}\n{count}\n")
     image = image_from_bytes(picture(96, 96, seed=3))
     try:
         def run(depth):

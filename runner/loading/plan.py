@@ -49,6 +49,7 @@ class LoadOptions:
     use_mmap: bool
     multi_user: bool  # OLLAMA_MULTIUSER_CACHE: slots shared by several users
     pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
+    draft: str = ""  # the draft model's GGUF path (runner.spec.draftmodel); "": none
 
 
 def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
@@ -56,8 +57,10 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
     """The load options for ``info``: ``num_ctx`` 0 is the configured default, at most the model's
     trained context and 2^20, at least 4; ``num_batch`` at most ``num_ctx``; ``num_thread`` 0 is
     one per usable core, at most 4 per CPU; ``num_parallel`` None is ``OLLAMA_NUM_PARALLEL``; the
-    KV cache type as :func:`kv_cache_type` resolves it. Raises LoadError for a KV type that does
-    not fit the model."""
+    KV cache type as :func:`kv_cache_type` resolves it; the draft model is the ``draft`` option's
+    (a store name or a .gguf path), else the Modelfile's ``DRAFT``, none while speculation is off
+    (``POLLAMA_SPECULATIVE=off``). Raises LoadError for a KV type that does not fit the model,
+    ModelNotFound for a draft model that is not there."""
     num_ctx = min(options.num_ctx or cfg.context_length, MAX_CTX)
     if info.context_length > 0:
         num_ctx = min(num_ctx, info.context_length)
@@ -75,7 +78,19 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
         use_mmap=True if options.use_mmap is None else options.use_mmap,
         multi_user=cfg.multiuser_cache,
         pipeline=cfg.pipeline,
+        draft=draft_path(info, options, cfg),
     )
+
+
+def draft_path(info: ModelInfo, options: Options, cfg: _config.Config) -> str:
+    """The draft model's GGUF for a load of ``info`` with ``options`` ("" : none)."""
+    if not cfg.speculative:
+        return ""
+    if options.draft:
+        from .. import store
+
+        return str(store.lookup(options.draft, cfg, from_network=True).path)
+    return info.draft or ""
 
 
 # ------------------------------------------------------------------------------------ the model

@@ -59,6 +59,7 @@ class CreateBody(_Body):
     name: str = ""
     from_: str | None = None
     files: dict[str, str] | None = None
+    draft_files: dict[str, str] | None = None
     adapters: dict[str, str] | None = None
     template: str | None = None
     system: str | None = None
@@ -158,6 +159,7 @@ async def push(body: PullBody) -> Response:
 async def create(body: CreateBody, svc: Service = Depends(service)) -> Response:
     spec = CreateSpec(
         model=body.model or body.name, from_=body.from_ or "", files=dict(body.files or {}),
+        draft_files=dict(body.draft_files or {}),
         adapters=dict(body.adapters or {}), template=body.template, system=body.system,
         parameters=dict(body.parameters or {}), messages=list(body.messages or []),
         license=body.license, quantize=body.quantize or body.quantization or "",

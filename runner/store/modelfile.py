@@ -9,6 +9,7 @@ One instruction per line, the keyword in any case; ``#`` starts a comment line::
     SYSTEM <text>
     MESSAGE <system|user|assistant> <text>
     LICENSE <text>                  (repeatable)
+    DRAFT <path to a .gguf | store name>   (a draft model: the model's ``draft`` layer)
     ADAPTER <path>                  (refused: pollama applies no LoRA adapters)
 
 A text is the rest of the line, a ``"quoted"`` string, or a ``\"\"\"`` block that may span lines.
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from . import StoredModel
     from .layout import Layout
 
-COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
+COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter", "draft")
 ROLES = ("system", "user", "assistant")
 
 
@@ -56,6 +57,8 @@ class Modelfile:
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
+    draft: str | None = None  # DRAFT: a draft model (runner.spec.draftmodel), a path or a store name
+    draft_line: int = 0
 
 
 MAX_MODELFILE_BYTES = 1 << 20
@@ -174,6 +177,10 @@ def parse(text: str) -> Modelfile:
             out.system = value
         elif command == "license":
             out.license.append(value)
+        elif command == "draft":
+            if not value:
+                raise _error(number, "DRAFT needs a .gguf path or a model name")
+            out.draft, out.draft_line = value, number
         elif command == "adapter":
             raise _error(number, "ADAPTER is not supported: pollama does not apply LoRA adapters")
     if not out.from_:
@@ -224,6 +231,8 @@ def show(layout: "Layout", stored: "StoredModel", chat_template: str, gguf_licen
     ]
     if "projector" in stored.layers:
         lines.append(f"FROM {stored.layers['projector']}")
+    if "draft" in stored.layers:
+        lines.append(f"DRAFT {stored.layers['draft']}")
     if template:
         lines.append(f"TEMPLATE {_quoted(template)}")
     if defaults.system:
