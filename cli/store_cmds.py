@@ -94,6 +94,14 @@ def spec_from_modelfile(name: str, path: Path) -> CreateSpec:
             model_from = (value, number)  # of the others, the last one wins
     if model_from is None:
         raise _fail(f"Modelfile line {parsed.from_line}: FROM {parsed.from_} is a vision projector: FROM the model too")
+    if parsed.draft is not None:
+        found = path.parent / Path(parsed.draft).expanduser()
+        if store.looks_like_path(parsed.draft) or found.is_file():
+            if not found.is_file():
+                raise _fail(f"Modelfile line {parsed.draft_line}: DRAFT {parsed.draft}: no such file")
+            spec.draft_file = found
+        else:
+            spec.draft_from = parsed.draft
     source, line = model_from
     candidate = path.parent / Path(source).expanduser()  # an absolute path stays as it is
     if store.is_default_name(source):

@@ -45,6 +45,7 @@ from .loop.engine import Engine
 from .loop.pipeline import InlineDecoder, ThreadDecoder
 from .loop.runner import BatchRunner
 from .spec.controller import Speculation
+from .spec.draftmodel import DraftModel
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",
@@ -76,23 +77,26 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
         return remote
     if plan is None:
         plan = load_options(info, options if options is not None else Options(), cfg, num_parallel)
-    name, need, placement = _decide(info, plan, cfg)
-    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel, offloaded=placement.kv_offloaded)
-    engine: Engine
-    if name == "new":
-        from .engines.ggml import GGMLEngine
-
-        engine = GGMLEngine(info, plan)
-    else:
-        from .engines.llamacpp.engine import LlamaEngine
-
-        engine = LlamaEngine(info, plan, placement)
+    draft_info = resolve(plan.draft, cfg).info if plan.draft else None
+    engine, need, placement = _engine(info, plan, cfg)
+    draft: DraftModel | None = None
+    draft_bytes = 0
+    if draft_info is not None:
+        try:
+            draft_engine, draft_need, _ = _engine(draft_info, plan, cfg)
+            # decoding is memory-bound: a token of the draft model costs about its share of the bytes
+            draft = DraftModel.checked(engine, draft_engine, plan.num_ctx, plan.num_batch,
+                                       draft_info.size / max(info.size, 1), plan.draft)
+        except BaseException:
+            engine.close()
+            raise
+        draft_bytes = draft_engine.memory_size or draft_need.total
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
-                         speculation=Speculation(enabled=cfg.speculative))
-    runner.memory_size = runner.memory_size or need.total  # the new engine knows what it allocated
+                         speculation=Speculation(enabled=cfg.speculative, draft=draft))
+    runner.memory_size = (runner.memory_size or need.total) + draft_bytes  # the new engine knows its own
     runner.offload = placement.offload()
     runner.load_duration = time.perf_counter_ns() - t0
     runner.start()
@@ -143,6 +147,20 @@ def _placement(engine: str, info: ModelInfo, plan: LoadOptions, need: loadplan.R
 @functools.lru_cache(maxsize=1)  # once a process: every load would say the same
 def _say_once(note: str) -> None:
     log.warning("%s", note)
+
+
+def _engine(info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> tuple[Engine, loadplan.Reservation, gpu.Placement]:
+    """The engine for ``info`` (the new one where ``OLLAMA_NEW_ENGINE`` asks and it runs the
+    model) placed as :func:`_decide` says, after the memory it needs is found to be there."""
+    name, need, placement = _decide(info, plan, cfg)
+    loadplan.check_memory(info, need, plan.num_ctx, plan.num_parallel, offloaded=placement.kv_offloaded)
+    if name == "new":
+        from .engines.ggml import GGMLEngine
+
+        return GGMLEngine(info, plan), need, placement
+    from .engines.llamacpp.engine import LlamaEngine
+
+    return LlamaEngine(info, plan, placement), need, placement
 
 
 def _prompt_store(engine: Engine, info: ModelInfo, plan: LoadOptions, cfg: _config.Config) -> PromptStore | None:

@@ -117,6 +117,9 @@ class Options:
     # Off by default until bench/ shows the controller never slower: on a loaded 2-core machine a
     # rewrite whose drafts all failed ran at 0.89-0.91x (issue 26 note, 2026-11-25)
     draft_num_predict: int = 0
+    # a draft model (runner.spec.draftmodel): a store name or a .gguf path of a smaller model with
+    # the same vocabulary, loaded beside the model ("" : the Modelfile's DRAFT, if any; load-time)
+    draft: str = ""
     # runner (load-time) options
     num_ctx: int = 0
     num_batch: int = 512
@@ -166,6 +169,10 @@ def coerce_option(name: str, raw: Any) -> Any:
                 return [raw]
             if isinstance(raw, (list, tuple)) and all(isinstance(s, str) for s in raw):
                 return list(raw)
+            raise ValueError
+        if kind == "str":
+            if isinstance(raw, str):
+                return raw
             raise ValueError
         if kind == "bool | None":
             if raw is None or isinstance(raw, bool):
@@ -433,6 +440,7 @@ class ModelInfo:
     chat_template: str | None  # the GGUF's tokenizer.chat_template (Jinja)
     metadata: dict[str, Any]
     projector: str | None = None  # the vision projector GGUF (store ``projector`` layer or --mmproj)
+    draft: str | None = None  # the draft model GGUF (the store entry's ``draft`` layer: Modelfile DRAFT)
 
     @property
     def vision(self) -> bool:

@@ -82,9 +82,10 @@ def _hash(tokens: tuple[int, ...]) -> int:
     return int.from_bytes(hashlib.blake2b(np.asarray(tokens, dtype=np.int32).tobytes(), digest_size=8).digest(), "little")
 
 
-def model_logits(context: tuple[int, ...], n_vocab: int) -> np.ndarray:
-    """The fake model: float32 logits of the token after ``context``."""
-    h = _hash(context)
+def model_logits(context: tuple[int, ...], n_vocab: int, salt: int = 0) -> np.ndarray:
+    """The fake model: float32 logits of the token after ``context``; another ``salt``, another
+    model with the same vocabulary (a draft model that is mostly, not always, right)."""
+    h = _hash(context if not salt else (salt, *context))
     logits = np.random.default_rng(h).standard_normal(n_vocab).astype(np.float32)
     logits[EOG] -= 4.0  # rare, unless chosen
     last = context[-1]
@@ -138,12 +139,14 @@ class FakeEngine:
     name = "fake"
     n_vocab = len(PIECES)
     memory_size = 0
+    closed = False  # close() was called
 
-    def __init__(self, num_ctx: int = 256, num_parallel: int = 1, num_batch: int = 64) -> None:
+    def __init__(self, num_ctx: int = 256, num_parallel: int = 1, num_batch: int = 64, salt: int = 0) -> None:
         self.info = ModelInfo(name="fake", path="", architecture="fake", size=0, context_length=num_ctx,
                               embedding_length=8, parameter_count=0, quantization="", chat_template=None,
                               metadata={})
         self.num_ctx = num_ctx
+        self.salt = salt
         self.batch_capacity = num_batch * num_parallel
         self.kv = DictKv()
         self._building: list[list[int]] = []  # [token, pos, seq, output]
@@ -210,7 +213,7 @@ class FakeEngine:
                 cells = self.kv.seq(seq)
                 missing = [p for p in range(pos + 1) if p not in cells]
                 assert not missing, f"sequence {seq} has no cells at {missing[:5]} for position {pos}"
-                self._logits[row] = model_logits(tuple(cells[p] for p in range(pos + 1)), self.n_vocab)
+                self._logits[row] = model_logits(tuple(cells[p] for p in range(pos + 1)), self.n_vocab, self.salt)
         self.decodes.append(len(batch))
 
     def logits(self, row: int) -> np.ndarray:
@@ -247,4 +250,4 @@ class FakeEngine:
         pass
 
     def close(self) -> None:
-        pass
+        self.closed = True

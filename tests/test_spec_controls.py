@@ -39,3 +39,10 @@ def test_v1_timings_carry_the_draft_counts_as_llama_server_does():
     t = timings(done)
     assert (t["draft_n"], t["draft_n_accepted"]) == (30, 24)
     assert "draft_n" not in timings(Chunk(done=True, metrics=Metrics(eval_count=4, eval_duration=10**6)))
+
+
+def test_draft_is_an_option_naming_a_model():
+    assert Options().draft == ""
+    assert Options().merged({"draft": "smollm2:135m"}).draft == "smollm2:135m"  # -o draft=smollm2:135m
+    with pytest.raises(InvalidRequest):
+        Options().merged({"draft": 3})

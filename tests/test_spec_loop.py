@@ -174,3 +174,12 @@ def test_no_drafts_beside_another_sequence(plain):
         assert [view(c) for c in [first] + rest] == want
     finally:
         run.close()
+
+
+def test_drafts_without_num_predict(plain):
+    """``num_predict`` 0 (no limit, as in Ollama's runner): drafts are bounded by the context
+    alone."""
+    for kind in SPECS:
+        got = once(SPECS[kind](), EOG, num_predict=0)
+        assert got[:2] == plain(EOG, num_predict=0)[:2]
+        assert got[2].draft_n_accepted > 0

@@ -17,19 +17,56 @@ loosening the check.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from runner.api import Message, Options, Request
-from tests.conftest import SHARED, SMOLLM2, load
+import runner
+from runner import config
+from runner.api import Message, Options, Request, Tool, ToolChoice
+from runner.images import image_from_bytes
+from runner.spec.controller import Speculation
+from tests.conftest import SHARED, SMOLLM2, fresh_cache_dir, load
+from tests.ggufcopy import with_chat_template
+from tests.mmproj import write_mmproj
 
 FETCH = SHARED / "models" / "fetch-gemma3.sh"
 MODEL_DIR = Path.home() / ".cache" / "pollama-test-models"  # read before tests isolate HOME
 
+TEMPLATES = Path(__file__).parent / "data" / "templates"
 CODE = "".join(f"def f{i}(x, y):\n    total = x + y * {i}\n    return total\n\n" for i in range(6))
 REWRITE = "Rewrite this code, renaming total to result. Output only the code.\n\n" + CODE
+# CJK, Cyrillic and emoji: SmolLM2 spells most of these characters in several byte tokens, and the
+# model copies the line, so prompt lookup drafts tokens that each hold part of a character
+UTF8 = "Copy this text exactly, three times:\n" + "我喜欢猫 🐱 и собак 🐶, café 北京 🚀!\n" * 4
+
+
+class Recording(Speculation):
+    """The loop's speculation, recording each verified draft: (tokens generated before it,
+    drafted, accepted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drafts: list[tuple[int, int, int]] = []
+
+    def verified(self, seq, generated, proposed, accepted):
+        self.drafts.append((generated, proposed, accepted))
+        super().verified(seq, generated, proposed, accepted)
+
+
+def chat(r, content: str, depth: int, tools=(), choice: str = "auto", **opts):
+    """(chunks without tool call ids, final chunk, the drafts verified) of a greedy chat."""
+    r.speculation = Recording()  # between requests: the loop reads it only while one runs
+    request = Request(messages=[Message("user", content)], cache_prompt=False, tools=list(tools),
+                      tool_choice=ToolChoice(choice),
+                      options=Options().merged(dict(temperature=0.0, repeat_penalty=1.0, draft_num_predict=depth,
+                                                    **opts)))
+    chunks = list(r.stream(request))
+    seen = [(c.text, [(t.name, t.arguments, t.index) for t in c.tool_calls or []], c.done_reason, c.context,
+             c.stop) for c in chunks]  # a call's id is random
+    return seen, chunks[-1], r.speculation.drafts
 
 
 def answer(r, depth: int, num_predict: int):
@@ -76,5 +113,102 @@ def test_gemma3_rewrite_is_the_same_with_drafts(gemma3_path, engine):
         got_text, got_context, got = answer(r, 8, 100)
         assert got_context == context and got_text == text
         assert got.draft_n_accepted > 30
+    finally:
+        r.close()
+
+
+@pytest.mark.slow
+def test_utf8_split_across_drafted_tokens(smollm):
+    want, _, _ = chat(smollm, UTF8, 0, num_predict=90)
+    got, final, drafts = chat(smollm, UTF8, 8, num_predict=90)
+    assert got == want
+    pieces = [smollm.model_engine.piece(t) for t in final.context[-90:]]
+    assert sum(not _utf8(p) for p in pieces) > 10  # characters were split across tokens ...
+    assert final.metrics.draft_n_accepted > 40  # ... and drafted
+
+
+def _utf8(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_stop_inside_an_accepted_draft(smollm):
+    """The stop's last token comes from a row after accepted drafted ones, before the draft's
+    end: the rest of the draft is dropped, and the text is cut as without drafts."""
+    stop = ["北京 🚀!\n我喜欢猫"]
+    want, _, _ = chat(smollm, UTF8, 0, num_predict=60, stop=stop)
+    got, final, drafts = chat(smollm, UTF8, 8, num_predict=60, stop=stop)
+    assert got == want and final.stop == stop[0]
+    generated, proposed, accepted = drafts[-1]
+    assert 1 <= accepted < proposed and final.metrics.eval_count == generated + accepted + 1
+
+
+@pytest.mark.slow
+def test_num_predict_inside_a_draft(smollm):
+    """A draft is cut where ``num_predict`` ends the answer; its last row is the last token."""
+    want, _, _ = chat(smollm, UTF8, 0, num_predict=62)
+    got, final, drafts = chat(smollm, UTF8, 8, num_predict=62)
+    assert got == want and final.done_reason.value == "length"
+    generated, proposed, accepted = drafts[-1]
+    assert proposed < 8 and accepted == proposed and generated + proposed + 1 == 62
+
+
+WEATHER = Tool("get_weather", "Get the current weather in a city",
+               {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
+                "required": ["city"]})
+ADD = Tool("add", "Add two numbers", {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                                      "required": ["a", "b"]})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_a_tool_call(tmp_path, engine):
+    """SmolLM2 with Qwen2.5's tool template, the call forced (a grammar over the drafted rows):
+    the model copies the tool's name from the prompt, which lookup drafts."""
+    path = with_chat_template(SMOLLM2, tmp_path / "smol-qwen.gguf", (TEMPLATES / "qwen2.5.jinja").read_text())
+    r = load(path, engine, num_ctx=1024)
+    try:
+        want, _, _ = chat(r, "Add 17 and 25.", 0, tools=[WEATHER, ADD], choice="required", num_predict=60)
+        got, final, _ = chat(r, "Add 17 and 25.", 8, tools=[WEATHER, ADD], choice="required", num_predict=60)
+        assert got == want
+        assert [c for chunk in got for c in chunk[1]] == [("add", {"a": 17, "b": 25}, 0)]
+        assert final.metrics.draft_n_accepted > 0
+    finally:
+        r.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_an_image_in_the_prompt(gemma3_path, tmp_path, engine):
+    """gemma-3-270m with a random projector (tests/mmproj.py): the line before the image comes
+    again after it, so lookup drafts from both sides of the image; no key spans it and no draft
+    holds its positions."""
+    from tests.test_vision_llama import picture
+
+    mmproj = write_mmproj(tmp_path / "mmproj.gguf")
+    cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"), cache_dir=fresh_cache_dir())
+    r = runner.load(runner.resolve(str(gemma3_path), cfg, projector=str(mmproj)),
+                    Options().merged({"num_ctx": 512, "num_batch": 64}), cfg, num_parallel=1)
+    assert r.engine == engine
+    count = "one two three four five six seven eight nine ten "
+    prompt = (f"<start_of_turn>user\nRepeat this line three times: {count}\n[img-0]<end_of_turn>\n"
+              f"<start_of_turn>model\n{count}\n{count}\n")
+    image = image_from_bytes(picture(96, 96, seed=3))
+    try:
+        def run(depth):
+            r.speculation = Recording()
+            request = Request(prompt=prompt, raw=True, images=[image], cache_prompt=False,
+                              options=Options().merged(dict(temperature=0.0, repeat_penalty=1.0, num_predict=40,
+                                                            draft_num_predict=depth)))
+            chunks = list(r.stream(request))
+            return [(c.text, c.context) for c in chunks], chunks[-1].metrics
+        want, _ = run(0)
+        got, metrics = run(8)
+        assert got == want
+        assert metrics.draft_n_accepted > 0
     finally:
         r.close()

@@ -51,6 +51,7 @@ class LoadOptions:
     use_mmap: bool
     multi_user: bool  # OLLAMA_MULTIUSER_CACHE: slots shared by several users
     pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
+    draft: str = ""  # the draft model's GGUF path (runner.spec.draftmodel); "": none
     num_gpu: int = -1  # layers to offload (old engine, GPU build): -1 as many as fit, 0 none (runner.loading.gpu)
     main_gpu: int = 0  # the GPU a model that fits on one goes to (runner.loading.gpu)
 
@@ -68,8 +69,10 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
     """The load options for ``info``: ``num_ctx`` 0 is the configured default, at most the model's
     trained context and 2^20, at least 4; ``num_batch`` at most ``num_ctx``; ``num_thread`` 0 is
     one per usable core, at most 4 per CPU; ``num_parallel`` None is ``OLLAMA_NUM_PARALLEL``; the
-    KV cache type as :func:`kv_cache_type` resolves it. Raises LoadError for a KV type that does
-    not fit the model."""
+    KV cache type as :func:`kv_cache_type` resolves it; the draft model is the ``draft`` option's
+    (a store name or a .gguf path), else the Modelfile's ``DRAFT``, none while speculation is off
+    (``POLLAMA_SPECULATIVE=off``). Raises LoadError for a KV type that does not fit the model,
+    ModelNotFound for a draft model that is not there."""
     num_ctx = min(options.num_ctx or cfg.context_length, MAX_CTX)
     if info.context_length > 0:
         num_ctx = min(num_ctx, info.context_length)
@@ -89,7 +92,19 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
         pipeline=cfg.pipeline,
         num_gpu=options.num_gpu if options.num_gpu >= 0 else -1,
         main_gpu=options.main_gpu,
+        draft=draft_path(info, options, cfg),
     )
+
+
+def draft_path(info: ModelInfo, options: Options, cfg: _config.Config) -> str:
+    """The draft model's GGUF for a load of ``info`` with ``options`` ("" : none)."""
+    if not cfg.speculative:
+        return ""
+    if options.draft:
+        from .. import store
+
+        return str(store.lookup(options.draft, cfg, from_network=True).path)
+    return info.draft or ""
 
 
 # ------------------------------------------------------------------------------------ the model

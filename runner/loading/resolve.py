@@ -115,6 +115,7 @@ def model_info(stored: store.StoredModel, projector: str | None = None) -> Model
         chat_template=header.get("tokenizer.chat_template"),
         metadata=dict(header.metadata),
         projector=projector,
+        draft=str(stored.layers["draft"]) if "draft" in stored.layers else None,
     )
 
 

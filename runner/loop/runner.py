@@ -232,6 +232,7 @@ class BatchRunner:
         self._save_slots()
         self.prompter.close()
         self.decoder.close()
+        self.speculation.close()
         self.model_engine.close()
 
     def _save_slots(self) -> None:
@@ -323,7 +324,7 @@ class BatchRunner:
             since = time.perf_counter_ns()
             slot, remaining = self.cache.load_slot(seq.prompt, cache_prompt=seq.request.cache_prompt)
             seq.slot, seq.inputs, seq.sampler = slot, remaining, sampler
-            seq.drafts = self.speculation.begin(seq.prompt, seq.request.options.draft_num_predict)
+            seq.drafts = self.speculation.begin(seq.prompt, seq.request.options.draft_num_predict, slot.id)
             seq.output.started(cached=len(seq.prompt) - len(remaining), evaluated=len(remaining),
                                cached_from=slot.cached_from, since=since)
             self._seqs[i] = seq
@@ -395,7 +396,9 @@ class BatchRunner:
         assert slot is not None and seq.drafts is not None
         if not out.generated:
             return []
-        limit = min(room, self.num_ctx - len(slot.inputs) - 1, out.num_predict - out.num_predicted - 1)
+        limit = min(room, self.num_ctx - len(slot.inputs) - 1)
+        if out.num_predict > 0:  # 0: no limit
+            limit = min(limit, out.num_predict - out.num_predicted - 1)
         others = sum(entry is not None for entry in self._seqs) - 1
         return self.speculation.propose(seq.drafts, out.generated, limit, others)
 

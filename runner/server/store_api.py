@@ -59,6 +59,7 @@ class CreateBody(_Body):
     name: str = ""
     from_: str | None = None
     files: dict[str, str] | None = None
+    draft_files: dict[str, str] | None = None
     adapters: dict[str, str] | None = None
     template: str | None = None
     system: str | None = None
@@ -162,6 +163,7 @@ async def create(body: CreateBody, svc: Service = Depends(service)) -> Response:
     remote = remote_spec(body.from_ or "", body.remote_host, body.remote_hosts, parameters)
     spec = CreateSpec(
         model=body.model or body.name, from_="" if remote else body.from_ or "", files=dict(body.files or {}),
+        draft_files=dict(body.draft_files or {}),
         adapters=dict(body.adapters or {}), template=body.template, system=body.system,
         parameters=parameters, messages=list(body.messages or []),
         license=body.license, quantize=body.quantize or body.quantization or "", remote=remote,

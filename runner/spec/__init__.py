@@ -6,8 +6,10 @@ decode, keep what the model agrees with.
   earlier occurrence of the sequence's last tokens.
 - :mod:`.controller`: :class:`~.controller.Speculation`, how deep to draft: the cost of a decode
   by rows against the sequence's acceptance so far (draft only when it pays).
+- :mod:`.draftmodel`: a draft model (a second engine with the same vocabulary) as a drafter.
 - :mod:`.verify`: the verification of a drafted batch: the sequence's own sampler decides each
   row in order, the draft stands up to the first disagreement.
 
-The batch loop (:mod:`runner.loop.runner`) uses them; nothing here imports an engine.
+The batch loop (:mod:`runner.loop.runner`) uses them; nothing here imports an engine (a draft
+model's is handed in by :func:`runner.load`).
 """

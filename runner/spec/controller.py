@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from .draftmodel import DraftModel
 from .drafter import Drafter, NoDrafter
 from .ngram import PromptLookup
 
@@ -81,13 +82,14 @@ def expected_tokens(alpha: float, k: int) -> float:
     return total
 
 
-def best_depth(alpha: float, most: int, cost: Callable[[int], float]) -> int:
+def best_depth(alpha: float, most: int, cost: Callable[[int], float], token_cost: float = 0.0) -> int:
     """The draft length in ``0..most`` that gives the most tokens per unit of cost at acceptance
-    ``alpha``; 0 unless that beats not drafting by :data:`GAIN`."""
+    ``alpha``, when drafting a token costs ``token_cost`` (a draft model's decode; prompt lookup:
+    0); 0 unless that beats not drafting by :data:`GAIN`."""
     base = 1.0 / cost(1)
     best_k, best_rate = 0, base
     for k in range(1, most + 1):
-        rate = expected_tokens(alpha, k) / cost(1 + k)
+        rate = expected_tokens(alpha, k) / (cost(1 + k) + k * token_cost)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k if best_rate > GAIN * base else 0
@@ -138,19 +140,31 @@ class SeqDrafts:
 class Speculation:
     """The runner's speculative decoding: a drafter per sequence and the depth of each draft."""
 
-    def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None) -> None:
+    def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None,
+                 draft: DraftModel | None = None) -> None:
         """``enabled`` False: no sequence ever drafts (``POLLAMA_SPECULATIVE=off``, or a model
         whose KV memory cannot drop a sequence's tail); ``cost``: a decode's cost by rows
-        (default :class:`StepCost` over :data:`ROW_COST`)."""
+        (default :class:`StepCost` over :data:`ROW_COST`); ``draft``: a draft model, which
+        then drafts for every sequence instead of prompt lookup (Modelfile ``DRAFT``, the
+        ``draft`` option)."""
         self.enabled = enabled
         self.cost = cost if cost is not None else StepCost()
+        self.draft = draft
 
-    def begin(self, prompt: Sequence[Any], depth: int) -> SeqDrafts:
-        """A sequence starts with ``prompt`` (its inputs) and ``depth``, its request's
-        ``draft_num_predict`` (the most tokens a draft may have; 0 turns drafting off)."""
+    def begin(self, prompt: Sequence[Any], depth: int, slot: int = 0) -> SeqDrafts:
+        """A sequence starts in slot ``slot`` with ``prompt`` (its inputs) and ``depth``, its
+        request's ``draft_num_predict`` (the most tokens a draft may have; 0 turns drafting off)."""
         depth = max(0, min(depth, MAX_DRAFT)) if self.enabled else 0
-        drafter: Drafter = PromptLookup(prompt) if depth else NoDrafter()
-        return SeqDrafts(drafter, depth)
+        drafter: Drafter | None = NoDrafter()
+        if depth:
+            drafter = PromptLookup(prompt) if self.draft is None else self.draft.drafter(slot, prompt)
+        return SeqDrafts(drafter or NoDrafter(), depth if drafter is not None else 0)
+
+    def close(self) -> None:
+        """Free the draft model, if any (the runner unloads)."""
+        if self.draft is not None:
+            self.draft.close()
+            self.draft = None
 
     def propose(self, seq: SeqDrafts, generated: Sequence[int], limit: int, others: int) -> list[int]:
         """The tokens to verify after ``generated``'s last (just sampled) token: at most
@@ -159,10 +173,13 @@ class Speculation:
         most = min(seq.depth, limit) if self.enabled else 0
         if most <= 0 or others > 0 or len(generated) < seq.acceptance.paused_until:
             return []
-        guess = seq.drafter.propose(generated, most)
+        alpha = seq.acceptance.now(len(generated))
+        token_cost = self.draft.token_cost if self.draft is not None else 0.0
+        # as deep as pays, then no deeper than pays for the guess's own length (a guess may be shorter)
+        guess = seq.drafter.propose(generated, best_depth(alpha, most, self.cost, token_cost))
         if not guess:
             return []
-        return guess[: best_depth(seq.acceptance.now(len(generated)), len(guess), self.cost)]
+        return guess[: best_depth(alpha, len(guess), self.cost, token_cost)]
 
     def verified(self, seq: SeqDrafts, generated: int, proposed: int, accepted: int) -> None:
         """A draft of ``proposed`` tokens, made after ``generated`` tokens, had its first

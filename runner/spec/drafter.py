@@ -1,7 +1,7 @@
 """What speculative decoding needs from a source of guesses: one :class:`Drafter` per sequence.
 
-Prompt lookup (:class:`runner.spec.ngram.PromptLookup`) is one; a shared n-gram pool or a draft
-model are others (issue 26, later). Whatever the source, a guess is only a guess: the target
+Prompt lookup (:class:`runner.spec.ngram.PromptLookup`) and a draft model
+(:class:`runner.spec.draftmodel.ModelDrafter`) are two; a shared n-gram pool would be another. Whatever the source, a guess is only a guess: the target
 model verifies every drafted token (:mod:`runner.spec.verify`), so a wrong draft costs time,
 never output.
 """

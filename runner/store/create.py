@@ -12,6 +12,9 @@ before it becomes a model layer. Then, as Ollama does:
 - ``license``: one layer per text, added to the base model's;
 - a projector GGUF (``general.architecture = clip``: a Modelfile's second ``FROM``, or a second
   file in ``files``) becomes the ``projector`` layer, replacing the base model's;
+- a draft model (Modelfile ``DRAFT``: a local GGUF or a store model; Ollama's ``draft_files``)
+  becomes the ``draft`` layer (Ollama's ``application/vnd.ollama.image.draft``), replacing the
+  base model's;
 - ``adapters`` and ``quantize`` are refused (pollama applies no LoRA and does not quantize);
 - a remote model (``from`` an ``http(s)://`` URL, Ollama's ``remote_host``, or pollama's
   ``remote_hosts`` for replicas; ``parameters.upstream_model`` names the model upstream) has no
@@ -40,7 +43,8 @@ from ..remote.upstream import RemoteModel, RemoteSpec, is_url
 from ..api import Cancelled, InvalidModel, InvalidRequest, ModelNotFound, Options, PollamaError, coerce_option
 from . import blobs, manifests
 from .layout import Layout, OutsideStore, digest_hex
-from .manifests import CONFIG_MEDIA_TYPE, LAYER_MEDIA_PREFIX, MANIFEST_MEDIA_TYPE, MODEL_MEDIA_TYPE, PROJECTOR_MEDIA_TYPE
+from .manifests import (CONFIG_MEDIA_TYPE, DRAFT_MEDIA_TYPE, LAYER_MEDIA_PREFIX, MANIFEST_MEDIA_TYPE,
+                        MODEL_MEDIA_TYPE, PROJECTOR_MEDIA_TYPE)
 from .progress import Progress
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,9 @@ class CreateSpec:
     from_file: Path | None = None  # the CLI's local .gguf (never set from a request)
     projector_file: Path | None = None  # the CLI's local projector .gguf (a second FROM)
     remote: RemoteSpec | None = None  # a remote model: its upstream URLs (FROM http(s)://...)
+    draft_files: dict[str, str] = field(default_factory=dict)  # Ollama's: the draft GGUF's name -> digest
+    draft_file: Path | None = None  # the CLI's local draft .gguf (DRAFT)
+    draft_from: str = ""  # the CLI's DRAFT naming a store model
 
     def check(self) -> None:
         """Refuse a request that cannot work, before anything is written (InvalidRequest)."""
@@ -91,7 +98,9 @@ class CreateSpec:
         ggufs = [n for n in self.files if n.lower().endswith(".gguf")] or list(self.files)
         if len(ggufs) > 2:
             raise InvalidRequest("only one GGUF file per model is supported (and one vision projector)")
-        for name, digest in self.files.items():
+        if len(self.draft_files) > 1:
+            raise InvalidRequest("a model has at most one draft model file")
+        for name, digest in {**self.files, **self.draft_files}.items():
             if digest_hex(digest) is None:
                 raise InvalidRequest(f'invalid digest "{digest}" for file "{name}"')
         self.parameters = checked_parameters(self.parameters)
@@ -207,6 +216,44 @@ def _projector_layer(layout: Layout, path: Path, imported: list[Path]) -> dict[s
     return {"mediaType": PROJECTOR_MEDIA_TYPE, "digest": digest, "size": size}
 
 
+def _draft_layer(cfg: _config.Config, layout: Layout, spec: CreateSpec,
+                 imported: list[Path]) -> Iterator[Progress]:
+    """The draft model's layer (None: the request names none): an uploaded file, a local file
+    (copied into the store), or a store model (its GGUF blob, shared)."""
+    from . import lookup
+
+    if not (spec.draft_files or spec.draft_file or spec.draft_from):
+        return None
+    yield Progress("parsing GGUF")
+    if spec.draft_files:
+        name, digest = next(iter(spec.draft_files.items()))
+        blob = layout.blob(digest)
+        if not blob.is_file():
+            raise InvalidRequest(f'file "{name}" was not uploaded: no blob {digest} (POST /api/blobs/{digest} first)')
+        path, layer = blob, _gguf_layer(layout, blob, f"sha256:{digest_hex(digest)}")
+    elif spec.draft_file is not None:
+        path = spec.draft_file
+        ggufmeta.read_gguf_header(path)
+        digest, size = blobs.import_gguf(layout, path)
+        imported.append(path)
+        layer = {"digest": digest, "size": size}
+    else:
+        try:
+            stored = lookup(spec.draft_from, cfg, from_network=True)
+        except ModelNotFound:
+            raise ModelNotFound(f'draft model "{spec.draft_from}" not found (pull it first)') from None
+        path = stored.path
+        if stored.manifest is None:  # the default model or a .gguf path: imported
+            digest, size = blobs.import_gguf(layout, stored.path)
+            imported.append(stored.path)
+            layer = {"digest": digest, "size": size}
+        else:
+            layer = next(dict(x) for x in manifests.layers(stored.manifest) if x.get("mediaType") == MODEL_MEDIA_TYPE)
+    if _is_projector(path):
+        raise InvalidRequest("DRAFT names a vision projector: a draft model is a language model")
+    return dict(layer, mediaType=DRAFT_MEDIA_TYPE)
+
+
 def _base_layers(cfg: _config.Config, layout: Layout, spec: CreateSpec, imported: list[Path]) -> Iterator[Progress]:
     """The base model's layers (model first): from files, a local file, or ``from``. The files
     copied into the store are added to ``imported``."""
@@ -290,6 +337,9 @@ def create(cfg: _config.Config, spec: CreateSpec, *, cancel: threading.Event | N
     if spec.projector_file is not None:
         yield Progress("parsing GGUF")
         layers = _without(layers, PROJECTOR_MEDIA_TYPE) + [_projector_layer(layout, spec.projector_file, imported)]
+    draft = yield from _draft_layer(cfg, layout, spec, imported)
+    if draft is not None:
+        layers = _without(layers, DRAFT_MEDIA_TYPE) + [draft]
     if cancel is not None and cancel.is_set():
         raise Cancelled("the create was cancelled")
     new: list[Progress] = []

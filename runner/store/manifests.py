@@ -31,6 +31,7 @@ CONFIG_MEDIA_TYPE = "application/vnd.docker.container.image.v1+json"
 LAYER_MEDIA_PREFIX = "application/vnd.ollama.image."
 MODEL_MEDIA_TYPE = LAYER_MEDIA_PREFIX + "model"
 PROJECTOR_MEDIA_TYPE = LAYER_MEDIA_PREFIX + "projector"  # a vision projector GGUF (clip)
+DRAFT_MEDIA_TYPE = LAYER_MEDIA_PREFIX + "draft"  # a draft model GGUF (Modelfile DRAFT, as Ollama's)
 
 
 def read(layout: Layout, name: Name) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ One instruction per line, the keyword in any case; ``#`` starts a comment line::
     SYSTEM <text>
     MESSAGE <system|user|assistant> <text>
     LICENSE <text>                  (repeatable)
+    DRAFT <path to a .gguf | store name>   (a draft model: the model's ``draft`` layer)
     ADAPTER <path>                  (refused: pollama applies no LoRA adapters)
 
 A text is the rest of the line, a ``"quoted"`` string, or a ``\"\"\"`` block that may span lines.
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from . import StoredModel
     from .layout import Layout
 
-COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter")
+COMMANDS = ("from", "parameter", "template", "system", "message", "license", "adapter", "draft")
 ROLES = ("system", "user", "assistant")
 
 
@@ -59,6 +60,8 @@ class Modelfile:
     messages: list[dict[str, str]] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
     upstream_model: str = ""  # PARAMETER upstream_model: a remote model's name on its upstream
+    draft: str | None = None  # DRAFT: a draft model (runner.spec.draftmodel), a path or a store name
+    draft_line: int = 0
 
 
 UPSTREAM_MODEL = "upstream_model"
@@ -181,6 +184,10 @@ def parse(text: str) -> Modelfile:
             out.system = value
         elif command == "license":
             out.license.append(value)
+        elif command == "draft":
+            if not value:
+                raise _error(number, "DRAFT needs a .gguf path or a model name")
+            out.draft, out.draft_line = value, number
         elif command == "adapter":
             raise _error(number, "ADAPTER is not supported: pollama does not apply LoRA adapters")
     if not out.from_:
@@ -235,6 +242,8 @@ def show(layout: "Layout", stored: "StoredModel", chat_template: str, gguf_licen
         lines.append(f"FROM {stored.path}")
     if "projector" in stored.layers:
         lines.append(f"FROM {stored.layers['projector']}")
+    if "draft" in stored.layers:
+        lines.append(f"DRAFT {stored.layers['draft']}")
     if template:
         lines.append(f"TEMPLATE {_quoted(template)}")
     if defaults.system:
