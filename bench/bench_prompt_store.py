@@ -416,9 +416,9 @@ def restore(model: str | None, engine: str, sizes: list[int], threads: int, work
             hit = disk.lookup(found)
             assert hit is not None and hit.n == len(tokens)
             t0 = time.perf_counter()
-            back = disk.read(hit.entry)
+            back = disk.read(hit)
             read = (time.perf_counter() - t0) * 1e3
-            assert back is not None and bytes(back) == bytes(state)
+            assert back is not None and bytes(back[1][0]) == bytes(state)
             out.append(Restore(engine, len(tokens), len(state), recompute, export, load_ms, write, read))
             del state, back
     finally:

@@ -56,6 +56,18 @@ class KvOps(Protocol):
         cannot import or refuses ``state`` (another layout, damaged): ``seq`` is then empty and
         the caller evaluates the inputs instead."""
 
+    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
+        """The states of positions ``[bounds[i], bounds[i + 1])`` of ``state``, an
+        :meth:`export_seq` of positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0): the
+        prompt store's pages (:class:`runner.kvstore.pages.Pager`). None when ``state`` does not
+        cut so (a sliding window holds only its last cells): the store keeps it whole."""
+
+    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
+        """One state, for :meth:`import_seq`, of the positions ``parts`` hold (states that
+        :meth:`split_state` cut, of this load or another with the same ``state_layout``), in
+        order; joining what was split gives its bytes back. ValueError when they do not fit
+        together."""
+
 
 @dataclass(frozen=True)
 class ImageInput:
