@@ -47,7 +47,8 @@ def rows_for(inputs: list[int]) -> bytes:
     return b"".join(t.to_bytes(8, "little") for t in inputs)
 
 
-def store_on(folder: Path, disk_mib: float = 64, ram: int = 0, fp: Fingerprint = FP, paged: bool = False) -> PromptStore:
+def store_on(folder: Path, disk_mib: float = 64, ram: int = 0, fp: Fingerprint = FP,
+             paged: bool = False) -> PromptStore:
     return PromptStore(fp, Tiers(RamStore(ram), DiskStore(folder, int(disk_mib * 2**20), 16)),
                        pager=Rows() if paged else None)
 

@@ -266,8 +266,9 @@ class InputCache:
         from ("slot", or the tier: "ram", "disk"): a stored state that
         serves more than the slot's ``num_past`` inputs replaces the slot's contents (saved first
         when the slot would lose most of them: another conversation takes it, as llama-server
-        saves a slot whose prompt keeps less than half of it). A restored state leaves the store
-        (llama-server's too): the slot holds it, and saves it again when it loses it."""
+        saves a slot whose prompt keeps less than half of it). A restored whole state leaves the
+        store (llama-server's too): the slot holds it, and saves it again when it loses it; pages
+        stay (other conversations share them), and that save adds only the slot's new ones."""
         assert self.store is not None
         found = self.store.lookup(prompt)
         # worth a restore only for a block or more beyond what the slot holds: a prompt sharing a
@@ -293,7 +294,7 @@ class InputCache:
             self.kv.seq_rm(slot.id, 0, None)
             slot.inputs = []
             return 0, ""
-        self.store.forget(found)  # it lives in the slot now, saved again when the slot is lost
+        self.store.forget(found)  # it lives in the slot now, saved again (its new pages) when the slot is lost
         log.debug("prompt cache: %d input(s) (%s) into slot %d", found.n, found.source, slot.id)
         slot.inputs = list(prompt[: found.n])  # the import holds state_n positions: cut below
         return found.n, found.source

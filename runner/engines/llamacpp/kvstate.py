@@ -32,6 +32,7 @@ the window holds only its last cells) is kept whole.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -66,7 +67,7 @@ class _Reader:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
 
     def array(self, shape: tuple[int, ...], dtype: str = "u1") -> np.ndarray:
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         return np.frombuffer(self.take(n * np.dtype(dtype).itemsize), dtype=dtype, count=n).reshape(shape)
 
 
@@ -142,20 +143,42 @@ def _one_stream(state: bytes | bytearray | memoryview) -> tuple[memoryview, int,
 def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarray, stream: _Stream,
            k: list[list[np.ndarray]], v: list[list[np.ndarray]]) -> bytearray:
     """A one-section state: ``head`` (magic, sequence id), ``n_stream`` streams of which
-    ``index`` holds cells at ``positions`` with ``stream``'s layer headers, and per layer the
-    K and V rows as the C-contiguous pieces ``k[layer]``/``v[layer]`` (written one after
-    another; transposed V: one piece, ``(width, cells, element)``)."""
+    ``index`` holds cells at ``positions`` with ``stream``'s layer headers, and per layer the K
+    and V rows of those cells as pieces ``k[layer]``/``v[layer]``, cells one piece after another
+    (shaped as :class:`_Stream` holds rows: ``(cells, bytes)``, transposed V
+    ``(width, cells, element)``). Written into one buffer, each byte once."""
     count = len(positions)
     meta = np.stack([positions, np.ones(count, np.int64), np.full(count, seq, np.int64)], axis=1)
-    out: list = [head, struct.pack("<I", n_stream)]
-    out += [struct.pack("<I", 0)] * index
-    out += [struct.pack("<I", count), meta.astype("<i4").tobytes(), struct.pack("<II", stream.v_trans, len(k))]
-    for (header, _), pieces in zip(stream.k, k):
-        out += [header, *pieces]
-    for (header, _), pieces in zip(stream.v, v):
-        out += [header, *pieces]
-    out += [struct.pack("<I", 0)] * (n_stream - index - 1)
-    return bytearray().join(out)
+    start = [head, struct.pack("<I", n_stream), struct.pack("<I", 0) * index, struct.pack("<I", count),
+             meta.astype("<i4").tobytes(), struct.pack("<II", stream.v_trans, len(k))]
+    layers = [(header, pieces) for (header, _), pieces in zip(stream.k, k)]
+    layers += [(header, pieces) for (header, _), pieces in zip(stream.v, v)]
+    size = sum(len(x) for x in start) + sum(len(h) + sum(p.nbytes for p in pieces) for h, pieces in layers)
+    out = bytearray(size + 4 * (n_stream - index - 1))  # the streams after: 0 cells each
+    body = np.frombuffer(out, dtype=np.uint8)
+    at = 0
+    for x in start:
+        out[at : at + len(x)] = x
+        at += len(x)
+    for header, pieces in layers:
+        out[at : at + len(header)] = header
+        at += len(header)
+        n = sum(p.nbytes for p in pieces)
+        if pieces and pieces[0].ndim == 3:  # transposed V: component after component, cells within
+            width, _, el = pieces[0].shape
+            region = body[at : at + n].reshape(width, count, el)
+            cell = 0
+            for p in pieces:
+                region[:, cell : cell + p.shape[1]] = p
+                cell += p.shape[1]
+        else:
+            region = body[at : at + n].reshape(count, -1) if count else body[at:at]
+            cell = 0
+            for p in pieces:
+                region[cell : cell + len(p)] = p
+                cell += len(p)
+        at += n
+    return out
 
 
 def split(state: bytes | bytearray | memoryview, bounds: list[int]) -> list[bytearray] | None:
@@ -172,7 +195,7 @@ def split(state: bytes | bytearray | memoryview, bounds: list[int]) -> list[byte
     parts = []
     for begin, end in zip(bounds, bounds[1:]):
         k = [[rows[begin:end]] for _, rows in stream.k]
-        v = [[np.ascontiguousarray(rows[:, begin:end]) if stream.v_trans else rows[begin:end]] for _, rows in stream.v]
+        v = [[rows[:, begin:end] if stream.v_trans else rows[begin:end]] for _, rows in stream.v]
         parts.append(_state(bytes(data[:8]), n_stream, index, stream.seq, stream.positions[begin:end], stream, k, v))
     return parts
 
@@ -195,10 +218,7 @@ def join(parts: list[bytes | bytearray | memoryview]) -> bytearray:
     if len(positions) > 1 and not bool(np.all(positions[1:] > positions[:-1])):
         raise ValueError("positions not ascending")
     k = [[s.k[layer][1] for s in streams] for layer in range(len(first.k))]
-    if first.v_trans:  # each V component's elements of every part's cells, then the next component
-        v = [[np.concatenate([s.v[layer][1] for s in streams], axis=1)] for layer in range(len(first.v))]
-    else:
-        v = [[s.v[layer][1] for s in streams] for layer in range(len(first.v))]
+    v = [[s.v[layer][1] for s in streams] for layer in range(len(first.v))]
     return _state(bytes(data[:8]), n_stream, index, first.seq, positions, first, k, v)
 
 
