@@ -341,6 +341,7 @@ def test_a_sliding_window_state_resumes_bit_for_bit(gemma):
     assert local[0] == list(range(n - 1 - window, n)) and full[0] == list(range(n))  # the window kept
     assert local[1] != sorted(local[1])  # its cells wrapped around: not in position order
     state = kv.export_seq(0)
+    assert kv.split_state(state, [*range(0, n, 16), n]) is None  # a window is kept whole, not as pages
     live, live_tokens, live_rows = continues(gemma, 0, n)
 
     empty(gemma, 0)

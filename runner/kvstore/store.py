@@ -153,11 +153,12 @@ class PromptStore:
         return self._found(hit, [entry.state for entry in hit.entries], "ram")
 
     def _found(self, hit: Hit, states: list[Any], source: str) -> Found | None:
-        """The state of ``hit``'s entries (pages joined); None, and the entries dropped, when the
-        engine says the pages do not fit together."""
+        """The state of ``hit``'s entries (pages joined); None when there is no pager to join them,
+        or (the entries dropped) when the engine says they do not fit together."""
         state = states[0]
         if not hit.whole:
-            assert self.pager is not None
+            if self.pager is None:  # pages another load wrote, this one cannot join
+                return None
             try:
                 state = self.pager.join_states(states)
             except ValueError as err:
