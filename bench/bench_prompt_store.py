@@ -35,7 +35,8 @@ row restarts the server and sends two conversations' third turns (its cache is R
 (b) Restore vs recompute of one sequence of ``--sizes`` tokens per engine and model on the engine
 itself: evaluating the tokens (512 a batch) against ``export_seq`` + ``import_seq``, and the disk
 tier's write and (page cache dropped) checked read of a state that size
-(:class:`runner.kvstore.disk.DiskStore`).
+(:class:`runner.kvstore.disk.DiskStore`), as the store does them: cut into pages of 16 tokens, a
+file each, read back and joined (a sliding window's state: whole, one file).
 """
 
 from __future__ import annotations
@@ -409,16 +410,19 @@ def restore(model: str | None, engine: str, sizes: list[int], threads: int, work
             assert eng.kv.import_seq(0, state)
             load_ms = (time.perf_counter() - t0) * 1e3
             found = chain(bytes(DIGEST), tokens, BLOCK)
-            t0 = time.perf_counter()
-            assert disk.write(found, state)
+            t0 = time.perf_counter()  # as the store writes it: cut into pages (a sliding window: whole)
+            parts = eng.kv.split_state(state, [page.start for page in found.pages()] + [found.n])
+            assert disk.write(found, state) if parts is None else disk.write_pages(found, parts)
             write = (time.perf_counter() - t0) * 1e3
             drop_page_cache(disk.layout.inside("kv"))
             hit = disk.lookup(found)
             assert hit is not None and hit.n == len(tokens)
-            t0 = time.perf_counter()
-            back = disk.read(hit.entry)
+            t0 = time.perf_counter()  # every file read and checked, pages joined into one state
+            read_back = disk.read(hit)
+            assert read_back is not None
+            back = read_back[1][0] if hit.whole else eng.kv.join_states(read_back[1])
             read = (time.perf_counter() - t0) * 1e3
-            assert back is not None and bytes(back) == bytes(state)
+            assert bytes(back) == bytes(state)
             out.append(Restore(engine, len(tokens), len(state), recompute, export, load_ms, write, read))
             del state, back
     finally:

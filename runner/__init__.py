@@ -171,7 +171,7 @@ def _prompt_store(engine: Engine, info: ModelInfo, plan: LoadOptions, cfg: _conf
     if not shared.on or not engine.kv.state_layout:
         return None
     fingerprint = Fingerprint.of(engine.name, engine.kv.state_layout, info, plan)
-    return PromptStore(fingerprint, shared)
+    return PromptStore(fingerprint, shared, pager=engine.kv)  # the engine's KV operations cut and join pages
 
 
 def prompt_tiers(cfg: _config.Config) -> Tiers:

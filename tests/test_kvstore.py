@@ -331,3 +331,170 @@ def test_short_slots_and_scratch_jobs():
     slot, _ = cache.load_slot([], cache_prompt=False)  # an embedding job takes the slot
     assert kv.exports == [0] and cache.store.holds(tokens(30, start=5000))
     cache.release(slot)
+
+
+# ------------------------------------------------------------------------------------- pages
+class Rows:
+    """A pager over a stand-in state format: per position 8 bytes naming its input (what the
+    engines' formats are to the store: per-cell rows that cut at any position and join back)."""
+
+    ROW = 8
+
+    def split_state(self, state, bounds):
+        if len(state) != bounds[-1] * self.ROW:
+            return None  # not positions 0..n-1: kept whole
+        return [bytes(state[a * self.ROW : b * self.ROW]) for a, b in zip(bounds, bounds[1:])]
+
+    def join_states(self, parts):
+        if any(len(p) % self.ROW for p in parts):
+            raise ValueError("not rows")
+        return b"".join(parts)
+
+
+def rows_for(inputs: list[int]) -> bytes:
+    return b"".join(t.to_bytes(8, "little") for t in inputs)
+
+
+def paged_store(limit: int = 1 << 20):
+    from runner.kvstore.store import PromptStore
+
+    return PromptStore(FP, RamStore(limit), pager=Rows())
+
+
+SYSTEM = tokens(3 * BLOCK + 5, start=7000)  # a system prompt: 3 blocks and 5 inputs
+
+
+def test_a_shared_prefix_is_stored_once():
+    store = paged_store()
+    a, b = SYSTEM + tokens(40, start=100), SYSTEM + tokens(30, start=500)
+    assert store.save(a, rows_for(a))
+    assert store.ram.pages() == 6  # ceil(93 / 16): five blocks and a tail
+    used_a = store.ram.used
+    assert store.save(b, rows_for(b))
+    # b's 83 inputs are 6 pages; the 3 blocks of the system prompt are a's
+    assert store.ram.pages() == 6 + 6 - 3
+    alone = paged_store()
+    alone.save(b, rows_for(b))
+    assert store.ram.used < used_a + alone.ram.used
+    shared = sum(e.nbytes for e in alone.ram._entries.values() if e.end <= 3 * BLOCK)
+    assert store.ram.used == used_a + alone.ram.used - shared  # counted once
+    for conv in (a, b):  # each comes back whole, to the input
+        found = store.lookup(conv + [1, 2])
+        assert (found.n, found.state_n, found.source, found.whole) == (len(conv), len(conv), "ram", False)
+        assert found.state == rows_for(conv)
+        store.forget(found)  # pages stay: another conversation shares them
+        assert store.holds(conv)
+    found = store.lookup(SYSTEM + [9, 9])  # a third conversation with the same system prompt
+    assert found.n == len(SYSTEM) and found.state_n >= len(SYSTEM)
+    assert found.state[: len(SYSTEM) * 8] == rows_for(SYSTEM)
+
+
+def test_pages_serve_to_the_input_and_tails_are_replaced():
+    store = paged_store()
+    a = tokens(50)
+    store.save(a, rows_for(a))
+    found = store.lookup(a[:45] + [5, 5, 5])  # shares 45: blocks 0-1 and 13 of block 2
+    assert (found.n, found.state_n) == (45, 48) and found.state == rows_for(a[:48])
+    found = store.lookup(a[:40])  # the prompt ends inside a stored block
+    assert (found.n, found.state_n) == (40, 48)
+    assert store.lookup([1] + a) is None
+    assert store.ram.pages() == 4  # 3 blocks, a tail of 2
+    longer = a + tokens(20, start=900)  # the conversation's next turn: 70 inputs
+    store.save(longer, rows_for(longer))
+    assert store.ram.pages() == 5  # the tail of 2 went (the 70 serve it); 4 blocks, a tail of 6
+    found = store.lookup(a + [3])
+    assert (found.n, found.state_n) == (50, 64)
+
+
+def test_pages_are_evicted_from_the_ends_of_chains():
+    page = RamStore(1 << 20)
+    page.put_pages(chain(FP, tokens(BLOCK)), [(b"x" * 1000, 1000)])
+    cost = page.used
+    store = RamStore(8 * cost)
+    shared = tokens(2 * BLOCK, start=5000)
+    a, b = shared + tokens(2 * BLOCK, start=100), shared + tokens(2 * BLOCK, start=200)
+    for conv in (a, b):
+        assert store.put_pages(chain(FP, conv), [(b"x" * 1000, 1000)] * 4) == 4
+    assert store.pages() == 6 and store.used == 6 * cost
+    c = tokens(3 * BLOCK, start=300)
+    assert store.put_pages(chain(FP, c), [(b"x" * 1000, 1000)] * 3) == 3  # evicts a's last page first
+    assert store.pages() == 8
+    assert store.lookup(chain(FP, a)).n == 3 * BLOCK  # a lost only its end
+    assert store.lookup(chain(FP, b)).n == 4 * BLOCK
+    assert store.touch(store.lookup(chain(FP, a)))  # a is used again: b is now the oldest
+    d = tokens(4 * BLOCK, start=400)
+    assert store.put_pages(chain(FP, d), [(b"x" * 1000, 1000)] * 4) == 4
+    assert store.used <= store.limit and store.pages() == 8
+    # b's two pages went, then c's (the oldest chains, from their ends); the shared ones stayed
+    assert store.lookup(chain(FP, b)).n == 2 * BLOCK and store.lookup(chain(FP, a)).n == 3 * BLOCK
+    assert store.lookup(chain(FP, c)).n == BLOCK
+    # removing a page removes the pages after it: unreachable without it
+    gone = store.drop([(chain(FP, shared).prefixes[1], False)])
+    assert len(gone) == 3 and store.lookup(chain(FP, a)) is None and store.pages() == 5  # d and c stay
+
+
+def test_the_bound_holds_for_pages_under_a_stream_of_conversations():
+    limit = 200_000
+    store = paged_store(limit)
+    for k in range(60):
+        conv = SYSTEM + tokens(10 + 7 * (k % 9), start=10_000 * (k + 1))
+        assert store.save(conv, rows_for(conv))
+        assert store.ram.used <= limit
+        assert store.lookup(conv).n == len(conv)  # the newest is always whole
+    assert store.ram.used == sum(e.nbytes for e in store.ram._entries.values())
+    too_long = tokens(limit // 8)
+    assert not store.save(too_long, rows_for(too_long))  # larger than the whole bound: refused
+    assert store.ram.used <= limit
+
+
+def test_states_the_engine_does_not_cut_are_kept_whole():
+    store = paged_store()
+    a = tokens(40)
+    assert store.save(a, b"a window: not one row per position")
+    assert store.ram.pages() == 0 and len(store.ram) == 1
+    found = store.lookup(a + [1])
+    assert found.whole and found.state == b"a window: not one row per position"
+    store.forget(found)  # a whole state moves into the slot
+    assert store.lookup(a) is None
+
+
+def test_pages_that_do_not_join_are_dropped():
+    class Refusing(Rows):
+        def join_states(self, parts):
+            raise ValueError("another layout")
+
+    from runner.kvstore.store import PromptStore
+
+    store = PromptStore(FP, RamStore(1 << 20), pager=Refusing())
+    a = tokens(40)
+    store.save(a, rows_for(a))
+    assert store.lookup(a) is None and store.ram.pages() == 0
+
+
+def test_the_slot_cache_restores_pages_of_another_conversations_prefix():
+    class RowsKv(StateKv):
+        """StateKv whose states are rows (one per position held) that the store cuts into pages."""
+
+        def export_seq(self, seq):
+            self.exports.append(seq)
+            return rows_for(list(range(self.held.get(seq, 0))))
+
+        def import_seq(self, seq, state):
+            self.held[seq] = len(state) // 8
+            self.imports.append((seq, len(state) // 8))
+            return True
+
+    from runner.kvstore.store import PromptStore
+    from runner.loop.slots import InputCache
+
+    kv = RowsKv()
+    cache = InputCache(kv, kv_size=1024, num_slots=1, multi_user=False,
+                       store=PromptStore(FP, RamStore(1 << 20), pager=Rows()))
+    a, b = SYSTEM + tokens(80, start=100), SYSTEM + tokens(80, start=500)  # 133 inputs, 9 pages each
+    run_turn(cache, a)
+    assert run_turn(cache, b) == len(SYSTEM)  # from the slot; a (keeping less than half) to the store
+    run_turn(cache, tokens(40, start=9000))  # b to the store: only its own pages are new
+    assert kv.exports == [0, 0] and kv.imports == []
+    assert cache.store.ram.pages() == 9 + 9 - 3
+    assert run_turn(cache, a + [1]) == len(a) and run_turn(cache, b + [1]) == len(b)
+    assert kv.imports == [(0, len(a)), (0, len(b))]

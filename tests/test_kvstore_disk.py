@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.kvstore.disk import SUFFIX, DiskStore
-from runner.kvstore.key import Fingerprint, chain
-from runner.kvstore.ram import RamStore
+from runner.kvstore.disk import PAGE_SUFFIX, SUFFIX, DiskStore
+from runner.kvstore.key import DIGEST, Fingerprint, chain
+from runner.kvstore.ram import Hit, RamStore
 from runner.kvstore.store import PromptStore, Tiers
 
 FP = Fingerprint(engine="old", engine_version="test", model="m", projector="", kv_cache_type="f16",
@@ -32,13 +32,30 @@ def state_for(inputs: list[int]) -> bytes:
     return b"".join(t.to_bytes(4, "little") for t in inputs) * 8
 
 
-def store_on(folder: Path, disk_mib: float = 64, ram: int = 0, fp: Fingerprint = FP) -> PromptStore:
-    return PromptStore(fp, Tiers(RamStore(ram), DiskStore(folder, int(disk_mib * 2**20), 16)))
+class Rows:
+    """A pager over :func:`rows_for`'s states: 8 bytes a position, cut and joined at any one."""
+
+    def split_state(self, state, bounds):
+        return [state[a * 8 : b * 8] for a, b in zip(bounds, bounds[1:])] if len(state) == bounds[-1] * 8 else None
+
+    def join_states(self, parts):
+        return b"".join(parts)
 
 
-def files(folder: Path) -> list[Path]:
+def rows_for(inputs: list[int]) -> bytes:
+    """A stand-in engine state the store pages: one row naming its input per position."""
+    return b"".join(t.to_bytes(8, "little") for t in inputs)
+
+
+def store_on(folder: Path, disk_mib: float = 64, ram: int = 0, fp: Fingerprint = FP,
+             paged: bool = False) -> PromptStore:
+    return PromptStore(fp, Tiers(RamStore(ram), DiskStore(folder, int(disk_mib * 2**20), 16)),
+                       pager=Rows() if paged else None)
+
+
+def files(folder: Path, suffix: str = SUFFIX) -> list[Path]:
     kv = folder / "kv"
-    return sorted(p for p in kv.iterdir() if p.name.endswith(SUFFIX)) if kv.is_dir() else []
+    return sorted(p for p in kv.iterdir() if p.name.endswith(suffix)) if kv.is_dir() else []
 
 
 def test_a_saved_state_is_found_after_a_restart(tmp_path):
@@ -148,20 +165,21 @@ def test_a_symlinked_folder_out_of_the_cache_is_refused(tmp_path):
     assert s.lookup(conv) is None
 
 
-def _writer(folder: str, worker: int, rounds: int) -> None:
-    s = store_on(Path(folder), disk_mib=0.1)  # ~30 files of 3.3 KB: both evict, each other's too
+def _writer(folder: str, worker: int, rounds: int, paged: bool = False) -> None:
+    s = store_on(Path(folder), disk_mib=0.1, paged=paged)  # ~30 states of 3.3 KB: both evict, each other's too
     for k in range(rounds):
         shared = tokens(64)  # both servers save the same conversation, and their own ones
-        s.save(shared, state_for(shared))
-        own = tokens(100, 1000 * (worker * rounds + k + 1))
-        s.save(own, state_for(own))
+        s.save(shared, (rows_for if paged else state_for)(shared))
+        own = (tokens(40) if paged else []) + tokens(100, 1000 * (worker * rounds + k + 1))  # a shared start
+        s.save(own, (rows_for if paged else state_for)(own))
         s.lookup(shared + [5])
     s.flush(30)
 
 
-def test_two_servers_on_one_folder_do_not_corrupt_each_other(tmp_path):
+@pytest.mark.parametrize("paged", [False, True], ids=["whole", "pages"])
+def test_two_servers_on_one_folder_do_not_corrupt_each_other(tmp_path, paged):
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 30)) for w in range(2)]
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), w, 30, paged)) for w in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -172,10 +190,9 @@ def test_two_servers_on_one_folder_do_not_corrupt_each_other(tmp_path):
     assert len(reader.tiers.disk) == len(files(tmp_path)) > 0  # every file left is whole and valid
     assert sum(p.stat().st_size for p in files(tmp_path)) <= 2 * 0.1 * 2**20  # each kept within its bound
     assert not [p for p in (tmp_path / "kv").iterdir() if p.name.startswith(".")]  # no temporary left
-    for path in files(tmp_path):  # and each reads back whole, the state its inputs say
-        entry = reader.tiers.disk._index.get(bytes.fromhex(path.name[: -len(SUFFIX)]))
-        state = reader.tiers.disk.read(entry)
-        assert state is not None and bytes(state) == state_for(list(entry.inputs))
+    for entry in list(reader.tiers.disk._index._entries.values()):  # each reads back whole, the state its inputs say
+        read = reader.tiers.disk.read(Hit((entry,), entry.n))
+        assert read is not None and bytes(read[1][0]) == (rows_for if paged else state_for)(list(entry.inputs))
 
 
 def test_another_servers_new_file_is_found(tmp_path):
@@ -208,3 +225,82 @@ def test_saves_never_wait_for_the_disk(tmp_path, monkeypatch):
     gate.set()
     assert s.flush(10)
     assert len(files(tmp_path)) == 1
+
+
+# ------------------------------------------------------------------------------------- pages
+SYSTEM = tokens(3 * 16 + 5, 7000)  # a system prompt: 3 blocks and 5 inputs
+
+
+def test_pages_on_disk_share_a_system_prompt_and_survive_a_restart(tmp_path):
+    s = store_on(tmp_path, paged=True)
+    a, b = SYSTEM + tokens(80, 100), SYSTEM + tokens(80, 500)  # 133 inputs: 9 pages each
+    assert s.save(a, rows_for(a)) and s.save(b, rows_for(b))
+    assert s.flush(10)
+    assert len(files(tmp_path, PAGE_SUFFIX)) == len(files(tmp_path)) == 9 + 9 - 3  # the system prompt once
+    modes = {(p.stat().st_mode & 0o777) for p in files(tmp_path)}
+    assert modes == {0o600} and (tmp_path / "kv").stat().st_mode & 0o777 == 0o700
+    used = s.tiers.disk.used
+    fresh = store_on(tmp_path, paged=True)  # another process: the folder only
+    for conv in (a, b):
+        found = fresh.lookup(conv + [1])
+        assert (found.source, found.n, found.state_n, found.whole) == ("disk", 133, 133, False)
+        assert bytes(found.state) == rows_for(conv)
+    assert fresh.tiers.disk.used == used
+    found = fresh.lookup(SYSTEM + [1, 2, 3])
+    assert found.n == len(SYSTEM) and bytes(found.state)[: 8 * len(SYSTEM)] == rows_for(SYSTEM)
+
+
+def test_a_longer_state_on_disk_replaces_its_tail_page(tmp_path):
+    s = store_on(tmp_path, paged=True)
+    turn1 = tokens(40)
+    turn2 = turn1 + tokens(30, 500)
+    s.save(turn1, rows_for(turn1))
+    s.flush(10)
+    assert len(files(tmp_path)) == 3  # 2 blocks, a tail of 8
+    s.save(turn2, rows_for(turn2))
+    s.flush(10)
+    assert len(files(tmp_path)) == 5  # 4 blocks, a tail of 6: the old tail went
+    found = store_on(tmp_path, paged=True).lookup(turn1 + [3])
+    assert found is not None and (found.n, found.state_n) == (40, 48)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "missing", "foreign"])
+def test_a_damaged_page_ends_the_restore_before_it(tmp_path, damage):
+    s = store_on(tmp_path, paged=True)
+    conv = tokens(100)  # 7 pages
+    s.save(conv, rows_for(conv))
+    s.flush(10)
+    fourth = tmp_path / "kv" / (chain(FP, conv).prefixes[4].hex() + PAGE_SUFFIX)  # inputs 48..63
+    data = bytearray(fourth.read_bytes())
+    fresh = store_on(tmp_path, paged=True)
+    assert fresh.lookup([0]) is not None  # scanned while whole
+    if damage == "truncate":
+        fourth.write_bytes(data[:-10])
+    elif damage == "flip":
+        data[-DIGEST - 3] ^= 0x40  # inside the state: only the checksum sees it
+        fourth.write_bytes(data)
+    elif damage == "missing":
+        fourth.unlink()  # another server evicted it
+    elif damage == "foreign":  # another page's whole, valid file under this name
+        other = tmp_path / "kv" / (chain(FP, conv).prefixes[5].hex() + PAGE_SUFFIX)
+        fourth.write_bytes(other.read_bytes())
+    found = fresh.lookup(conv + [1])
+    assert found is not None and (found.n, found.state_n) == (48, 48)  # the three pages before it
+    assert bytes(found.state) == rows_for(conv[:48])
+    assert not fourth.exists()
+    assert len(files(tmp_path)) == 3  # the pages after it went too: unreachable without it
+    assert fresh.lookup(conv + [1]).n == 48
+
+
+def test_the_disk_bound_holds_for_pages(tmp_path):
+    limit_mib = 0.05
+    s = store_on(tmp_path, disk_mib=limit_mib, paged=True)
+    for k in range(40):
+        conv = SYSTEM + tokens(60, 10_000 * (k + 1))
+        s.save(conv, rows_for(conv))
+        s.flush(10)
+        assert sum(p.stat().st_size for p in files(tmp_path)) <= limit_mib * 2**20
+        assert s.tiers.disk.used <= limit_mib * 2**20
+        assert s.lookup(conv).n == len(conv)  # the newest is whole
+    assert s.lookup(SYSTEM + tokens(60, 10_000)).n == len(SYSTEM)  # the oldest kept only the shared start
+    assert len(files(tmp_path)) == len(s.tiers.disk)  # no file the index lost

@@ -147,6 +147,7 @@ def test_a_conversation_past_the_window_resumes_bit_for_bit(engine):
     assert positions(engine, 0) == (n - RING, n - 1)  # the live ring: the window and older cells
     state = kv.export_seq(0)
     assert state is not None
+    assert kv.split_state(state, [*range(0, n, 16), n]) is None  # a window is kept whole, not as pages
     assert kv.import_seq(1, state)
     assert kv.oldest(1) == n - 512  # its own from the window's first position: fillers below
     assert positions(engine, 1)[1] == n - 1

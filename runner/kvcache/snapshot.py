@@ -23,6 +23,12 @@ A cache made of several (:class:`runner.kvcache.wrapper.WrapperCache`) packs its
 magic, version) or inconsistent (positions not ascending); the importing cache compares the
 :class:`Geometry` with its own. The format holds no model identity and no token ids: the prompt
 store's key holds those.
+
+Pages (the prompt store's, :mod:`runner.kvstore.ram`): :func:`split` cuts one cache's state of
+positions ``0..n-1`` into the states of position ranges (each a whole state of this format, its
+own checksum included), :func:`join` puts such states back together; joining what was split gives
+the original bytes. A wrapper's state (a sliding window beside global layers: the window holds
+only the last cells, not pages of the conversation) is not split.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["FORMAT", "Geometry", "LayerRows", "Snapshot", "SnapshotError", "Writer", "pack", "read", "unpack"]
+__all__ = ["FORMAT", "Geometry", "LayerRows", "Snapshot", "SnapshotError", "Writer", "join", "pack", "read", "split",
+           "unpack"]
 
 VERSION = 1
 #: what :attr:`Cache.state_layout` strings start with: the format and its version
@@ -184,6 +191,54 @@ def read(data: bytes | bytearray | memoryview) -> Snapshot:
     if n > 1 and not bool(np.all(positions[1:] > positions[:-1])):
         raise SnapshotError("positions not ascending")
     return Snapshot(geometry, positions, cells, body[table_end + 8 * n : end])
+
+
+def split(data: bytes | bytearray | memoryview, bounds: Sequence[int]) -> list[bytearray] | None:
+    """The states of positions ``[bounds[i], bounds[i + 1])`` of ``data``, one cache's state of
+    exactly the positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0); their cells stay
+    the ones exported. None when ``data`` is not such a state (a wrapper's, a window that slid,
+    damaged)."""
+    try:
+        state = read(data)
+    except SnapshotError:
+        return None
+    if len(bounds) < 2 or bounds[0] != 0:
+        return None
+    n = bounds[-1]
+    if state.n != n or not np.array_equal(state.positions, np.arange(n)):
+        return None
+    layers = range(len(state.geometry.layers))
+    parts = []
+    for begin, end in zip(bounds, bounds[1:]):
+        out = Writer(state.geometry, state.positions[begin:end], state.cells[begin:end])
+        for i in layers:
+            out.k_rows(i)[:] = state.k_rows(i)[begin:end]
+            out.v_rows(i)[:] = state.v_rows(i)[begin:end]
+        parts.append(out.finish())
+    return parts
+
+
+def join(parts: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+    """One state of all the positions ``parts`` hold, in order (what :func:`split` cut, joined
+    back: the same bytes). :class:`SnapshotError` when one is damaged, of another geometry, or
+    the positions do not ascend from part to part."""
+    states = [read(p) for p in parts]
+    if not states:
+        raise SnapshotError("no states to join")
+    geometry = states[0].geometry
+    if any(s.geometry != geometry for s in states):
+        raise SnapshotError("states of different geometries")
+    positions = np.concatenate([s.positions for s in states])
+    if len(positions) > 1 and not bool(np.all(positions[1:] > positions[:-1])):
+        raise SnapshotError("positions not ascending")
+    out = Writer(geometry, positions, np.concatenate([s.cells for s in states]))
+    for i in range(len(geometry.layers)):
+        k, v, at = out.k_rows(i), out.v_rows(i), 0
+        for s in states:
+            k[at : at + s.n] = s.k_rows(i)
+            v[at : at + s.n] = s.v_rows(i)
+            at += s.n
+    return out.finish()
 
 
 def pack(states: Sequence[bytes | bytearray]) -> bytearray:

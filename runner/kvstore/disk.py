@@ -1,16 +1,20 @@
 """The disk tier: saved sequence states as files, so conversations stay warm across restarts.
 
-One file per state, ``<POLLAMA_CACHE_DIR>/kv/<key>.kv``, named by the key of exactly its inputs
-(:meth:`runner.kvstore.key.Chain.key`, hex)::
+One file per page (:mod:`.ram`: a block of a state, or the partial block at its end),
+``<POLLAMA_CACHE_DIR>/kv/<key>.page.kv``, named by the page's key (hex), so a page that two
+conversations share is one file; one file per whole state (a sliding window's),
+``<key>.kv``, named by the key of exactly its inputs (:meth:`runner.kvstore.key.Chain.key`)::
 
     b"PKVS" | u32 version | u32 header length | header (JSON) | state | BLAKE2b-256 of all before
 
-The header holds the fingerprint root the chain starts from, the key, the inputs (token ids;
-images as ``[sha256, index, count]``) and the state's length. A file is trusted only whole: its
-size must match the header, the header's inputs must hash (under its root) to the key it is
-named by, and at a restore the checksum must match. A truncated, corrupted, foreign (another
-name, another root than the key says) or unreadable file is removed, never restored. A state
-of another model or setting is never found: its key chains from another fingerprint.
+The header holds the fingerprint root, the key, the parent's key (the inputs before the page; the
+root for a whole state), the inputs' range and the inputs themselves (token ids; images as
+``[sha256, index, count]``: a page's own, a whole state's all) and the state's length. A file is
+trusted only whole: its size must match the header, the header's inputs must hash (after the
+parent, or under the root) to the key it is named by, and at a restore the checksum must match.
+A truncated, corrupted, foreign (another name, another key than its inputs give) or unreadable
+file is removed, never restored. A state of another model or setting is never found: its keys
+chain from another fingerprint.
 
 Files are written whole under a temporary name and renamed into place (the model store's
 :func:`runner.store.blobs.write_atomic`), so a reader, in this process or another server's on the
@@ -21,10 +25,14 @@ a thread of their own (:meth:`DiskStore.save_later`): the batch loop never waits
 What is pending is bounded (:data:`PENDING_LIMIT`); past it, a save is dropped, not waited for.
 
 The files are indexed in memory like the RAM tier (a :class:`~.ram.RamStore` whose states are
-file names), least recently used first by modification time, which a restore renews: the bound
-(``POLLAMA_CACHE_DISK`` MiB) evicts the oldest files. Another server's files are picked up when
-the folder changes (a rescan of the names not yet indexed); a file another server removed is a
-miss. Two servers may evict each other's files: a cache, never a corruption.
+file names), least recently used first by modification time, which a save or a restore renews
+(one time for a whole chain; a scan puts the later pages of one time first, so a page is never
+older than the ones after it): the bound (``POLLAMA_CACHE_DISK`` MiB) evicts the oldest files,
+ends of chains first, and a page's file goes with those of the pages after it. Another server's
+files are picked up when the folder changes (a rescan of the names not yet indexed); a file
+another server removed ends a restore there (the pages before it still serve). Two servers may
+write the same page (the same bytes, renamed into place whole) and evict each other's files: a
+cache, never a corruption.
 """
 
 from __future__ import annotations
@@ -36,20 +44,22 @@ import os
 import queue
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..store.blobs import remove, write_atomic
 from ..store.layout import Layout, OutsideStore
-from .key import DIGEST, Chain, chain
-from .ram import Entry, Hit, RamStore
+from .key import DIGEST, Chain, Page, chain, page_key
+from .ram import Entry, Hit, RamStore, Ref
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"PKVS"
-VERSION = 1
+VERSION = 2  # 1: whole states only
 SUFFIX = ".kv"
+PAGE_SUFFIX = ".page" + SUFFIX
 _PREFIX = struct.Struct("<4sII")  # magic, version, header length
 PENDING_LIMIT = 512 << 20  # bytes of states waiting for the writer; saves beyond it are dropped
 MAX_HEADER = 64 << 20  # a header larger than this is damage, not a long prompt
@@ -97,7 +107,7 @@ class DiskStore:
         self._scanned: set[str] = set()  # file names seen by a scan or written here
         self._folder_mtime = -1
         self._lock = threading.Lock()  # scans and index changes
-        self._pending: queue.Queue[tuple[Chain, Any] | None] = queue.Queue()
+        self._pending: queue.Queue[tuple[Chain, Any, list[Any] | None] | None] = queue.Queue()
         self._pending_bytes = 0
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
@@ -119,54 +129,83 @@ class DiskStore:
 
     # ----------------------------------------------------------------------------- lookup
     def lookup(self, chain_: Chain) -> Hit | None:
-        """The file sharing the longest prefix with ``chain_``'s inputs (the index only; read it
-        with :meth:`read`)."""
+        """The files serving the longest prefix of ``chain_``'s inputs (the index only; read
+        them with :meth:`read`)."""
         self.refresh()
         return self._index.lookup(chain_)
 
-    def read(self, entry: Entry) -> bytearray | None:
-        """The state in ``entry``'s file, checked whole; None (and the file removed) when it is
-        missing, damaged or not the state the index says. Marks it used (its mtime)."""
+    def read(self, hit: Hit) -> tuple[Hit, list[bytearray]] | None:
+        """The states in ``hit``'s files, each checked whole, as far as they read: a missing,
+        damaged or foreign file ends them there (and is forgotten, with the pages after it; a
+        damaged one removed). The hit they serve and the states; None when none read. Marks
+        them used (their mtimes)."""
+        states: list[bytearray] = []
+        for entry in hit.entries:
+            state = self._read(entry)
+            if state is None:
+                break
+            states.append(state)
+        if not states:
+            return None
+        served = Hit(hit.entries[: len(states)], min(hit.n, hit.entries[len(states) - 1].end))
+        self._index.touch(served)
+        self._renew(served.entries)
+        return served, states
+
+    def _read(self, entry: Entry) -> bytearray | None:
         name = entry.state
         try:
-            path = self._path(name)
-            with open(path, "rb") as fh:
+            with open(self._path(name), "rb") as fh:
                 data = bytearray(fh.read())
             header, start = _parse(data, name)
-            if header["n"] != entry.n or bytes.fromhex(header["key"]) != entry.key:
+            if (header["end"], header["start"], header["whole"]) != (entry.end, entry.start, entry.whole) or \
+                    bytes.fromhex(header["key"]) != entry.key:
                 raise Damaged("another state than indexed")
             if hashlib.blake2b(memoryview(data)[:-DIGEST], digest_size=DIGEST).digest() != bytes(data[-DIGEST:]):
                 raise Damaged("checksum mismatch")
-            os.utime(path)  # most recently used, for this process's index and the next scan's
-            self._index.get(entry.key)
         except FileNotFoundError:
-            self._forget(entry.key, remove_file=False)  # another server evicted it
+            self._forget(entry, remove_file=False)  # another server evicted it
             return None
         except (OSError, ValueError, KeyError, TypeError, OutsideStore) as err:
             log.warning("prompt cache: ignoring %s (%s)", name, err)
-            self._forget(entry.key, remove_file=True)
+            self._forget(entry, remove_file=True)
             return None
         del data[-DIGEST:]
         del data[:start]
         return data
 
-    def holds(self, key: bytes) -> bool:
-        return self._index.get(key) is not None
+    def _renew(self, entries: Sequence[Entry]) -> None:
+        """Mark ``entries``' files used for the next scan (this one's or another server's): one
+        time for all, which a scan orders later pages first."""
+        now = time.time_ns()
+        for entry in entries:
+            try:
+                os.utime(self._path(entry.state), ns=(now, now))
+            except (OSError, OutsideStore):
+                pass  # gone meanwhile: the next read finds out
 
-    def forget(self, key: bytes) -> None:
-        """Remove the file of ``key`` (its state was refused by the engine)."""
-        self._forget(key, remove_file=True)
+    def holds(self, chain_: Chain) -> bool:
+        """Whether the state of exactly ``chain_``'s inputs is indexed, whole or every page."""
+        return self._index.holds(chain_)
 
-    def _forget(self, key: bytes, remove_file: bool) -> None:
-        entry = self._index.take(key)
-        if entry is not None and remove_file:
+    def forget(self, refs: Sequence[Ref]) -> None:
+        """Remove the files of ``refs`` (their state was refused by the engine), and of the
+        pages after them."""
+        for entry in self._index.drop(refs):
             self._remove(entry.state)
+
+    def _forget(self, entry: Entry, remove_file: bool) -> None:
+        for gone in self._index.drop([entry.ref]):
+            if gone is not entry or remove_file:
+                self._remove(gone.state)  # the pages after it are unreachable without it
 
     # ------------------------------------------------------------------------------ saves
     def save_later(self, chain_: Chain, state: Any) -> bool:
-        """Queue ``state`` (of exactly ``chain_``'s inputs) for the writer thread; False when it
-        was dropped (the tier is off, or too much is pending). Never blocks."""
-        size = len(state)
+        """Queue ``state`` for the writer thread: the whole state of exactly ``chain_``'s inputs,
+        or a list of the states of its pages (``chain_.pages()``). False when it was dropped (the
+        tier is off, or too much is pending). Never blocks."""
+        pages = state if isinstance(state, list) else None
+        size = sum(len(p) for p in pages) if pages is not None else len(state)
         if self.limit <= 0 or chain_.n == 0 or RamStore.cost(chain_, size) > self.limit:
             return False
         with self._idle:
@@ -177,7 +216,7 @@ class DiskStore:
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
                 self._writer.start()
-        self._pending.put((chain_, state))
+        self._pending.put((chain_, state if pages is None else None, pages))
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -189,40 +228,74 @@ class DiskStore:
         while True:
             item = self._pending.get()
             assert item is not None
-            chain_, state = item
+            chain_, state, pages = item
             try:
-                self.write(chain_, state)
+                if pages is None:
+                    self.write(chain_, state)
+                else:
+                    self.write_pages(chain_, pages)
             except Exception as err:  # a full disk or a vanished folder costs a cache entry only
                 log.warning("prompt cache: could not write a state of %d inputs (%s)", chain_.n, err)
             finally:
                 with self._idle:
-                    self._pending_bytes -= len(state)
+                    self._pending_bytes -= sum(len(p) for p in pages) if pages is not None else len(state)
                     self._idle.notify_all()
 
     def write(self, chain_: Chain, state: Any) -> bool:
-        """Write ``state`` (of exactly ``chain_``'s inputs) now; False when it is too large for
-        the bound. Evicts the least recently used files to stay within it."""
-        key = chain_.key()
-        name = key.hex() + SUFFIX
-        header = json.dumps({"root": chain_.prefixes[0].hex(), "key": key.hex(), "n": chain_.n,
-                             "block": chain_.block, "state_bytes": len(state),
-                             "inputs": _inputs_json(chain_.inputs)}, separators=(",", ":")).encode()
-        prefix = _PREFIX.pack(MAGIC, VERSION, len(header))
-        size = len(prefix) + len(header) + len(state) + DIGEST
-        if self._index.cost(chain_, size) > self.limit:
+        """Write ``state``, the whole state of exactly ``chain_``'s inputs, now; False when it is
+        too large for the bound. Evicts the least recently used files to stay within it."""
+        entry = Entry.of_state(chain_, _name(chain_.key(), True), 0)
+        header, size = _header(chain_.prefixes[0], entry, len(state), self.block)
+        entry.nbytes += size
+        if entry.nbytes > self.limit:
             return False
-        if self._index.get(key) is not None:
+        if self._index.get(entry.key) is not None:
             return True
+        self._write_file(entry.state, header, state)
+        with self._lock:
+            self._scanned.add(entry.state)
+            self._index.put(chain_, entry.state, size)
+        return True
+
+    def write_pages(self, chain_: Chain, parts: Sequence[Any]) -> int:
+        """Write the pages of ``chain_``'s state not on disk yet (``parts[i]``: the state of
+        ``chain_.pages()[i]``) and mark the others used; how many of its pages, from the first,
+        are on disk afterwards (0: too large for the bound). Evicts the least recently used
+        files to stay within it."""
+        pages = chain_.pages()
+        root = chain_.prefixes[0]
+        files = []
+        for page, part in zip(pages, parts):
+            entry = Entry.of_page(page, chain_.inputs[page.start : page.end], _name(page.key, False), 0)
+            header, size = _header(root, entry, len(part), self.block)
+            files.append((entry, header, size, part))
+        if sum(entry.nbytes + size for entry, _, size, _ in files) > self.limit:
+            return 0
+        written, items = [], []
+        for entry, header, size, part in files:
+            if self._index.page(entry.key) is not None:
+                items.append(None)
+                continue
+            self._write_file(entry.state, header, part)
+            written.append(entry.state)
+            items.append((entry.state, size))
+        with self._lock:
+            self._scanned.update(written)
+            kept = self._index.put_pages(chain_, items)
+        for entry, _, _, _ in files[kept:]:  # after a page evicted meanwhile: unreachable
+            if entry.state in written:
+                self._remove(entry.state)
+        self._renew([entry for entry, _, _, _ in files[:kept]])
+        return kept
+
+    def _write_file(self, name: str, header: bytes, state: Any) -> None:
+        prefix = _PREFIX.pack(MAGIC, VERSION, len(header))
         digest = hashlib.blake2b(prefix, digest_size=DIGEST)
         digest.update(header)
         digest.update(state)
         folder = self._folder()
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(self.layout, self._path(name), [prefix, header, state, digest.digest()], mode=0o600)
-        with self._lock:
-            self._scanned.add(name)
-            self._index.put(chain_, name, size)
-        return True
 
     # ------------------------------------------------------------------------------ scans
     def refresh(self) -> None:
@@ -244,18 +317,19 @@ class DiskStore:
                 self._scanned.add(name)
                 try:
                     path = self._path(name)
-                    found.append((path.stat().st_mtime_ns, name, self._header_chain(path, name)))
+                    entry = self._header_entry(path, name)
+                    found.append((path.stat().st_mtime_ns, -entry.end, name, entry))
                 except FileNotFoundError:
                     continue
                 except (OSError, ValueError, KeyError, TypeError, OutsideStore) as err:
                     log.warning("prompt cache: ignoring %s (%s)", name, err)
                     self._remove(name)
-            for _, name, (file_chain, size) in sorted(found):  # oldest first: least recently used
-                self._index.put(file_chain, name, size)
+            for *_, entry in sorted(found, key=lambda f: f[:3]):  # least recently used first, ends of chains first
+                self._index.add(entry)
 
-    def _header_chain(self, path: Path, name: str) -> tuple[Chain, int]:
-        """The chain and size of the file at ``path``, from its header, checked against its name
-        and size (the checksum waits for a restore)."""
+    def _header_entry(self, path: Path, name: str) -> Entry:
+        """The index entry of the file at ``path``, from its header, checked against its name and
+        size (the checksum waits for a restore)."""
         size = path.stat().st_size
         with open(path, "rb") as fh:
             head = fh.read(_PREFIX.size)
@@ -268,22 +342,51 @@ class DiskStore:
         header, _ = _parse(head + header_bytes, name, whole=False)
         if size != _PREFIX.size + length + header["state_bytes"] + DIGEST:
             raise Damaged("truncated")
-        file_chain = chain(bytes.fromhex(header["root"]), _inputs_of(header["inputs"]), int(header["block"]))
-        if file_chain.key() != bytes.fromhex(header["key"]) or file_chain.n != header["n"]:
+        root, key, block = bytes.fromhex(header["root"]), bytes.fromhex(header["key"]), int(header["block"])
+        inputs = _inputs_of(header["inputs"])
+        start, end = header["start"], header["end"]
+        if header["whole"]:
+            file_chain = chain(root, inputs, block)
+            if file_chain.key() != key or (start, end) != (0, file_chain.n):
+                raise Damaged("its inputs do not hash to its key")
+            return Entry.of_state(file_chain, name, size)
+        parent = bytes.fromhex(header["parent"])
+        if not (isinstance(start, int) and isinstance(end, int) and start % block == 0
+                and 0 < end - start == len(inputs) <= block and (start > 0 or parent == root)):
+            raise Damaged("not a page")
+        if page_key(parent, inputs, block) != key:
             raise Damaged("its inputs do not hash to its key")
-        return file_chain, size
+        return Entry.of_page(Page(parent, key, start, end), inputs, name, size)
 
     # ---------------------------------------------------------------------------- removal
     def _dropped(self, entry: Entry) -> None:
-        """The index let ``entry`` go (evicted, or a longer state extends it): its file goes too."""
+        """The index let ``entry`` go (evicted, extended by a longer state, or after a page that
+        went): its file goes too."""
         self._remove(entry.state)
 
     def _remove(self, name: str) -> None:
         try:
             remove(self.layout, self._path(name))
+        except FileNotFoundError:
+            pass
         except (OSError, OutsideStore) as err:
             log.warning("prompt cache: could not remove %s (%s)", name, err)
         self._scanned.discard(name)
+
+
+def _name(key: bytes, whole: bool) -> str:
+    """The file name of the state filed under ``key``: a whole state's or a page's."""
+    return key.hex() + (SUFFIX if whole else PAGE_SUFFIX)
+
+
+def _header(root: bytes, entry: Entry, state_bytes: int, block: int) -> tuple[bytes, int]:
+    """The header of ``entry``'s file (its inputs, of a state of ``state_bytes`` bytes) and the
+    file's size."""
+    header = json.dumps({"root": root.hex(), "key": entry.key.hex(), "parent": entry.parent.hex(),
+                         "whole": entry.whole, "start": entry.start, "end": entry.end, "block": block,
+                         "state_bytes": state_bytes, "inputs": _inputs_json(entry.inputs)},
+                        separators=(",", ":")).encode()
+    return header, _PREFIX.size + len(header) + state_bytes + DIGEST
 
 
 def _parse(data: bytes | bytearray, name: str, whole: bool = True) -> tuple[dict, int]:
@@ -298,9 +401,10 @@ def _parse(data: bytes | bytearray, name: str, whole: bool = True) -> tuple[dict
     if len(data) < start:
         raise Damaged("truncated")
     header = json.loads(bytes(data[_PREFIX.size:start]))
-    if not isinstance(header, dict) or name != f"{header['key']}{SUFFIX}":
+    if not isinstance(header, dict) or not isinstance(header["whole"], bool) or \
+            name != _name(bytes.fromhex(header["key"]), header["whole"]):
         raise Damaged("named for another state")
-    if not isinstance(header["n"], int) or not isinstance(header["state_bytes"], int) or header["state_bytes"] < 0:
+    if not isinstance(header["end"], int) or not isinstance(header["state_bytes"], int) or header["state_bytes"] < 0:
         raise Damaged("bad header")
     if whole and len(data) != start + header["state_bytes"] + DIGEST:
         raise Damaged("truncated")

@@ -20,6 +20,11 @@ hash). :meth:`Chain.key` is the key of exactly all ``n`` inputs, so a state save
 inputs is found for a prompt only when the prompt's first ``n`` inputs are exactly those: restores
 are exact to the input, not rounded down to a block (Ollama's MLX runner lost up to 8191 tokens
 a turn by restoring only at snapshot boundaries, ollama#18267).
+
+Pages (:mod:`.ram`): a state is kept as the states of its blocks, each filed under its block hash
+and its parent's (:meth:`Chain.pages`), the partial block at its end under the tail key;
+:func:`page_key` is how a page's key follows from its parent and its inputs alone (what a cache
+file is checked against).
 """
 
 from __future__ import annotations
@@ -97,6 +102,22 @@ def _tail_hash(parent: bytes, inputs: Sequence[Any]) -> bytes:
     return hashlib.blake2b(parent + _encode(inputs), digest_size=DIGEST, person=b"pollama-kv-tail").digest()
 
 
+def page_key(parent: bytes, inputs: Sequence[Any], block: int) -> bytes:
+    """The key of ``inputs`` following the prefix keyed ``parent``: a full block's hash when they
+    are ``block`` inputs, else a tail's (so ``chain(root, x).key() == page_key(prefixes[-1], rest)``)."""
+    return _block_hash(parent, inputs) if len(inputs) == block else _tail_hash(parent, inputs)
+
+
+@dataclass(frozen=True)
+class Page:
+    """Where one page of a chain lies: inputs ``[start, end)``, keyed ``key``, after ``parent``."""
+
+    parent: bytes  # the key of inputs [0, start): a block prefix (the root for the first page)
+    key: bytes  # the key of inputs [0, end)
+    start: int
+    end: int
+
+
 @dataclass(frozen=True)
 class Chain:
     """The hashes of a sequence of ``n`` inputs: ``prefixes[k]`` is the key of its first
@@ -121,6 +142,16 @@ class Chain:
             return self.prefixes[full]
         start = full * self.block
         return _tail_hash(self.prefixes[full], self.inputs[start:n])
+
+    def pages(self) -> list[Page]:
+        """The pages of these inputs: one per full block, then the tail (when ``n`` is not a
+        multiple of ``block``)."""
+        out = [Page(self.prefixes[k], self.prefixes[k + 1], k * self.block, (k + 1) * self.block)
+               for k in range(len(self.prefixes) - 1)]
+        if self.tail is not None:
+            full = len(self.prefixes) - 1
+            out.append(Page(self.prefixes[full], self.tail, full * self.block, self.n))
+        return out
 
 
 def chain(fingerprint: Fingerprint | bytes, inputs: Sequence[Any], block: int = BLOCK) -> Chain:

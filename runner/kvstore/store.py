@@ -9,22 +9,27 @@ Every key chains from a model's fingerprint, so models share the tiers but never
 :class:`~.key.Fingerprint`. The slot cache (:class:`runner.loop.slots.InputCache`) calls it on
 the loop thread: :meth:`PromptStore.save` before a slot's contents are lost (another conversation
 takes the slot, the model unloads), :meth:`PromptStore.lookup` when a prompt arrives. A save goes
-to RAM at once and to disk later (the writer thread); a lookup takes the longer of the two tiers'
-matches, RAM on a tie (no read).
+to RAM at once and to disk later (the writer thread), as pages when the engine cuts the state
+(its :class:`~.pages.Pager`, the load's KV operations), else whole; a lookup takes the longer of the
+two tiers' matches, RAM on a tie (no read), and joins pages into one state for the engine's import.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from .disk import DiskStore
-from .key import BLOCK, Fingerprint, chain
-from .ram import RamStore
+from .key import BLOCK, Chain, Fingerprint, chain
+from .pages import Pager
+from .ram import Hit, RamStore, Ref
 
 MIN_INPUTS = BLOCK  # states shorter than one block are not worth keeping: they recompute in a blink
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,9 @@ class Found:
 
     n: int
     state_n: int  # inputs the stored state holds; the slot cuts the rest after the import
-    state: Any  # what the engine's ``export_seq`` gave
-    key: bytes  # for :meth:`PromptStore.forget`
+    state: Any  # for the engine's ``import_seq``: a whole state as exported, or pages joined
+    refs: tuple[Ref, ...]  # the entries it came from, for :meth:`PromptStore.forget`
+    whole: bool  # one whole state (else pages)
     source: str  # "ram" or "disk"
 
 
@@ -75,11 +81,14 @@ def tiers(ram_bytes: int, folder: Path, disk_bytes: int) -> Tiers:
 
 
 class PromptStore:
-    def __init__(self, fingerprint: Fingerprint, ram: RamStore | Tiers, block: int = BLOCK) -> None:
-        """``ram``: the tiers to use (a bare RAM store: RAM only)."""
+    def __init__(self, fingerprint: Fingerprint, ram: RamStore | Tiers, block: int = BLOCK,
+                 pager: Pager | None = None) -> None:
+        """``ram``: the tiers to use (a bare RAM store: RAM only); ``pager``: the engine's KV
+        operations, which cut states into pages and join them (None: states are kept whole)."""
         self.fingerprint = fingerprint
         self.tiers = ram if isinstance(ram, Tiers) else Tiers(ram)
         self.block = block
+        self.pager = pager
         self._root = fingerprint.digest
 
     @property
@@ -88,11 +97,11 @@ class PromptStore:
 
     def holds(self, inputs: Sequence[Any]) -> bool:
         """Whether the state of exactly ``inputs`` is stored in RAM (and on disk, when that tier
-        is on): saving it again would be a no-op."""
-        key = chain(self._root, inputs, self.block).key()
-        in_ram = self.tiers.ram.limit <= 0 or self.tiers.ram.get(key) is not None
+        is on), whole or every page of it: saving it again would be a no-op."""
+        found = chain(self._root, inputs, self.block)
+        in_ram = self.tiers.ram.limit <= 0 or self.tiers.ram.holds(found)
         disk = self.tiers.disk
-        return in_ram and (disk is None or disk.holds(key))
+        return in_ram and (disk is None or disk.holds(found))
 
     def wants(self, inputs: Sequence[Any]) -> bool:
         """Whether saving the state of ``inputs`` would keep anything new (the caller exports
@@ -101,20 +110,31 @@ class PromptStore:
 
     def save(self, inputs: Sequence[Any], state: Any) -> bool:
         """Keep ``state``, the KV state of exactly ``inputs`` (``len(state)`` bytes): in RAM now,
-        on disk soon. False when nothing was kept (too short, the tiers are off, or the state
-        exceeds their bounds)."""
+        on disk soon; as pages when the engine cuts it, else whole. False when nothing was kept
+        (too short, the tiers are off, or the state exceeds their bounds)."""
         if len(inputs) < MIN_INPUTS:
             return False
         found = chain(self._root, inputs, self.block)
-        kept = self.tiers.ram.put(found, state, len(state))
+        parts = self._split(found, state)
+        if parts is None:
+            kept = self.tiers.ram.put(found, state, len(state))
+        else:
+            kept = self.tiers.ram.put_pages(found, [(part, len(part)) for part in parts]) > 0
         disk = self.tiers.disk
-        if disk is not None and not disk.holds(found.key()):
-            kept = disk.save_later(found, state) or kept
+        if disk is not None and not disk.holds(found):
+            kept = disk.save_later(found, state if parts is None else parts) or kept
         return kept
+
+    def _split(self, found: Chain, state: Any) -> list[Any] | None:
+        if self.pager is None:
+            return None
+        parts = self.pager.split_state(state, [page.start for page in found.pages()] + [found.n])
+        return None if parts is None else list(parts)
 
     def lookup(self, prompt: Sequence[Any]) -> Found | None:
         """The stored state serving the longest prefix of ``prompt``; None when none does.
-        Marks it recently used. A disk hit reads its file here (a damaged one is a miss)."""
+        Marks it recently used. A disk hit reads its files here (one damaged or gone ends the
+        state there)."""
         if len(prompt) == 0:
             return None
         wanted = chain(self._root, prompt, self.block)
@@ -123,25 +143,45 @@ class PromptStore:
         if disk is not None:
             on_disk = disk.lookup(wanted)
             if on_disk is not None and (hit is None or on_disk.n > hit.n):
-                state = disk.read(on_disk.entry)
-                if state is not None:
-                    return Found(n=on_disk.n, state_n=on_disk.entry.n, state=state, key=on_disk.entry.key,
-                                 source="disk")
-        if hit is None:
+                read = disk.read(on_disk)
+                if read is not None and (hit is None or read[0].n > hit.n):
+                    found = self._found(*read, "disk")
+                    if found is not None:
+                        return found
+        if hit is None or not self.tiers.ram.touch(hit):
             return None
-        entry = self.tiers.ram.get(hit.entry.key)
-        if entry is None:
-            return None
-        return Found(n=hit.n, state_n=entry.n, state=entry.state, key=entry.key, source="ram")
+        return self._found(hit, [entry.state for entry in hit.entries], "ram")
+
+    def _found(self, hit: Hit, states: list[Any], source: str) -> Found | None:
+        """The state of ``hit``'s entries (pages joined); None when there is no pager to join them,
+        or (the entries dropped) when the engine says they do not fit together."""
+        state = states[0]
+        if not hit.whole:
+            if self.pager is None:  # pages another load wrote, this one cannot join
+                return None
+            try:
+                state = self.pager.join_states(states)
+            except ValueError as err:
+                log.warning("prompt cache: dropping %d page(s) that do not join (%s)", len(states), err)
+                self._drop(tuple(entry.ref for entry in hit.entries))
+                return None
+        return Found(n=hit.n, state_n=hit.state_n, state=state, refs=tuple(entry.ref for entry in hit.entries),
+                     whole=hit.whole, source=source)
 
     def forget(self, found: Found, refused: bool = False) -> None:
-        """``found`` was imported into a slot, which holds it now: a RAM state leaves RAM (the
-        slot saves it again when it loses it), a file stays. ``refused``: the engine would not
-        take it; it goes from every tier."""
-        self.tiers.ram.take(found.key)
+        """``found`` was imported into a slot, which holds it now: a whole state leaves RAM (the
+        slot saves it again when it loses it), pages stay (other conversations share them), files
+        stay. ``refused``: the engine would not take it; its entries go from every tier."""
+        if refused:
+            self._drop(found.refs)
+        elif found.whole:
+            self.tiers.ram.take(found.refs[0][0])
+
+    def _drop(self, refs: tuple[Ref, ...]) -> None:
+        self.tiers.ram.drop(refs)
         disk = self.tiers.disk
-        if refused and disk is not None:
-            disk.forget(found.key)
+        if disk is not None:
+            disk.forget(refs)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the disk writes queued so far (at an unload, before the process may exit)."""

@@ -56,6 +56,18 @@ class KvOps(Protocol):
         cannot import or refuses ``state`` (another layout, damaged): ``seq`` is then empty and
         the caller evaluates the inputs instead."""
 
+    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
+        """The states of positions ``[bounds[i], bounds[i + 1])`` of ``state``, an
+        :meth:`export_seq` of positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0): the
+        prompt store's pages (:class:`runner.kvstore.pages.Pager`). None when ``state`` does not
+        cut so (a sliding window holds only its last cells): the store keeps it whole."""
+
+    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
+        """One state, for :meth:`import_seq`, of the positions ``parts`` hold (states that
+        :meth:`split_state` cut, of this load or another with the same ``state_layout``), in
+        order; joining what was split gives its bytes back. ValueError when they do not fit
+        together."""
+
 
 @dataclass(frozen=True)
 class ImageInput:
@@ -254,8 +266,9 @@ class InputCache:
         from ("slot", or the tier: "ram", "disk"): a stored state that
         serves more than the slot's ``num_past`` inputs replaces the slot's contents (saved first
         when the slot would lose most of them: another conversation takes it, as llama-server
-        saves a slot whose prompt keeps less than half of it). A restored state leaves the store
-        (llama-server's too): the slot holds it, and saves it again when it loses it."""
+        saves a slot whose prompt keeps less than half of it). A restored whole state leaves the
+        store (llama-server's too): the slot holds it, and saves it again when it loses it; pages
+        stay (other conversations share them), and that save adds only the slot's new ones."""
         assert self.store is not None
         found = self.store.lookup(prompt)
         # worth a restore only for a block or more beyond what the slot holds: a prompt sharing a
@@ -281,7 +294,7 @@ class InputCache:
             self.kv.seq_rm(slot.id, 0, None)
             slot.inputs = []
             return 0, ""
-        self.store.forget(found)  # it lives in the slot now, saved again when the slot is lost
+        self.store.forget(found)  # it lives in the slot now, saved again (its new pages) when the slot is lost
         log.debug("prompt cache: %d input(s) (%s) into slot %d", found.n, found.source, slot.id)
         slot.inputs = list(prompt[: found.n])  # the import holds state_n positions: cut below
         return found.n, found.source

@@ -10,11 +10,15 @@ those cells are taken it goes to the lowest free ones, with its rows unchanged: 
 attention still bit for bit; without it GGML's attention sums group the terms by where the cells
 sit, so the logits move in their last bits (amplified by the quantized matmuls after), as a
 recompute into those cells would (measured in ``tests/test_kvstore_ggml.py``).
+
+Pages (the prompt store's): :func:`runner.kvcache.snapshot.split` and ``join`` cut a causal
+cache's state into the states of position ranges and put them back; a sliding-window wrapper's
+state is not cut (the store keeps it whole).
 """
 
 from __future__ import annotations
 
-from ...kvcache import Cache, NotSupported
+from ...kvcache import Cache, NotSupported, snapshot
 
 
 class CacheKv:
@@ -54,3 +58,9 @@ class CacheKv:
             self.seq_rm(seq, 0, None)
             return False
         return self.cache.import_seq(seq, state)
+
+    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
+        return snapshot.split(state, bounds)
+
+    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
+        return snapshot.join(parts)  # SnapshotError is a ValueError

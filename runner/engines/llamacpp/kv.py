@@ -46,6 +46,9 @@ own (the fillers below it are not the sequence's: :meth:`LlamaKv.oldest`). So a 
 serves its exact end, and a prompt that shares less of it is recomputed from position 0, not read
 from cells that are gone. (The rule is llama-server's, one position stricter than the mask:
 resuming at ``n - 1``, a prompt equal to the state's inputs, recomputes too.)
+
+Pages (the prompt store's): :func:`.kvstate.split` and ``join`` cut a state without a sliding
+window into the states of position ranges and put them back (a sliding-window state is kept whole).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import logging
 
 import llama_cpp as L
 
+from . import kvstate
 from .kvstate import relay_window
 
 log = logging.getLogger(__name__)
@@ -135,6 +139,12 @@ class LlamaKv:
             log.warning("llama.cpp refused sequence %d's window in ring order (%d cells); importing it as saved",
                         seq, self.ring)
         return self._set(seq, state)
+
+    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
+        return kvstate.split(state, bounds)
+
+    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
+        return kvstate.join(parts)
 
     def _set(self, seq: int, state: bytes | bytearray) -> bool:
         size = len(state)

@@ -18,10 +18,21 @@ cells round differently, and gemma's post-norms make that a logit or two. :func:
 writes the window's cells in ring order, with zero-filled *filler* cells where the ring holds
 nothing of the window, at positions that no later token can see (what a recompute holds there), so
 the import puts every position where a recompute puts it.
+
+Pages (the prompt store's, :mod:`runner.kvstore.ram`): :func:`split` cuts the state of a model
+without a sliding window (one section, one stream holding positions ``0..n-1`` in cell order,
+which is how a slot filled in order holds them) into the states of position ranges, each a state
+llama.cpp imports on its own, and :func:`join` puts such states back together: the cells one
+after another, the K rows and (without ``v_trans``) the V rows cell after cell, with ``v_trans``
+each V component's elements cell after cell. Joining what was split gives the original bytes.
+Whatever stream or sequence id a part names, the import puts its cells into the destination
+sequence's stream (llama.cpp reads the ids and drops them). A sliding-window state (two sections:
+the window holds only its last cells) is kept whole.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -56,7 +67,7 @@ class _Reader:
         return struct.unpack(fmt, self.take(struct.calcsize(fmt)))
 
     def array(self, shape: tuple[int, ...], dtype: str = "u1") -> np.ndarray:
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         return np.frombuffer(self.take(n * np.dtype(dtype).itemsize), dtype=dtype, count=n).reshape(shape)
 
 
@@ -91,20 +102,124 @@ def _read_section(r: _Reader) -> list[_Stream | None]:
     return streams
 
 
-def _read(state: bytes | bytearray) -> tuple[memoryview, int, list[list[_Stream | None]]]:
-    """The state's sections and where they start; ValueError when it is not two sections that
-    end where the state ends (a model without a sliding window, a format we do not know)."""
+def _sections(state: bytes | bytearray | memoryview) -> tuple[memoryview, list[int], list[list[_Stream | None]]]:
+    """The state, its sections (one per KV cache) and where each starts; ValueError when it is
+    not a sequence state whose sections end where it ends."""
     data = memoryview(state).cast("B")
     r = _Reader(data)
     magic, _seq = r.unpack("<Ii")
     if magic != MAGIC:
         raise ValueError("not a sequence state")
-    base = _read_section(r)
-    start = r.at
-    window = _read_section(r)
-    if r.at != len(data):
+    starts, sections = [], []
+    while r.at < len(data):
+        starts.append(r.at)
+        sections.append(_read_section(r))
+    return data, starts, sections
+
+
+def _read(state: bytes | bytearray) -> tuple[memoryview, int, list[list[_Stream | None]]]:
+    """The state's sections and where the second starts; ValueError when it is not two sections
+    (a model without a sliding window, a format we do not know)."""
+    data, starts, sections = _sections(state)
+    if len(sections) != 2:
         raise ValueError("unknown state layout")
-    return data, start, [base, window]
+    return data, starts[1], sections
+
+
+def _one_stream(state: bytes | bytearray | memoryview) -> tuple[memoryview, int, int, _Stream]:
+    """A one-section state's (data, stream count, index of the one stream holding cells, that
+    stream); ValueError for any other."""
+    data, _, sections = _sections(state)
+    if len(sections) != 1:
+        raise ValueError("not one KV cache's state")
+    held = [i for i, s in enumerate(sections[0]) if s is not None]
+    if len(held) != 1:
+        raise ValueError("not one stream's cells")
+    stream = sections[0][held[0]]
+    assert stream is not None
+    return data, len(sections[0]), held[0], stream
+
+
+def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarray, stream: _Stream,
+           k: list[list[np.ndarray]], v: list[list[np.ndarray]]) -> bytearray:
+    """A one-section state: ``head`` (magic, sequence id), ``n_stream`` streams of which
+    ``index`` holds cells at ``positions`` with ``stream``'s layer headers, and per layer the K
+    and V rows of those cells as pieces ``k[layer]``/``v[layer]``, cells one piece after another
+    (shaped as :class:`_Stream` holds rows: ``(cells, bytes)``, transposed V
+    ``(width, cells, element)``). Written into one buffer, each byte once."""
+    count = len(positions)
+    meta = np.stack([positions, np.ones(count, np.int64), np.full(count, seq, np.int64)], axis=1)
+    start = [head, struct.pack("<I", n_stream), struct.pack("<I", 0) * index, struct.pack("<I", count),
+             meta.astype("<i4").tobytes(), struct.pack("<II", stream.v_trans, len(k))]
+    layers = [(header, pieces) for (header, _), pieces in zip(stream.k, k)]
+    layers += [(header, pieces) for (header, _), pieces in zip(stream.v, v)]
+    size = sum(len(x) for x in start) + sum(len(h) + sum(p.nbytes for p in pieces) for h, pieces in layers)
+    out = bytearray(size + 4 * (n_stream - index - 1))  # the streams after: 0 cells each
+    body = np.frombuffer(out, dtype=np.uint8)
+    at = 0
+    for x in start:
+        out[at : at + len(x)] = x
+        at += len(x)
+    for header, pieces in layers:
+        out[at : at + len(header)] = header
+        at += len(header)
+        n = sum(p.nbytes for p in pieces)
+        if pieces and pieces[0].ndim == 3:  # transposed V: component after component, cells within
+            width, _, el = pieces[0].shape
+            region = body[at : at + n].reshape(width, count, el)
+            cell = 0
+            for p in pieces:
+                region[:, cell : cell + p.shape[1]] = p
+                cell += p.shape[1]
+        else:
+            region = body[at : at + n].reshape(count, -1) if count else body[at:at]
+            cell = 0
+            for p in pieces:
+                region[cell : cell + len(p)] = p
+                cell += len(p)
+        at += n
+    return out
+
+
+def split(state: bytes | bytearray | memoryview, bounds: list[int]) -> list[bytearray] | None:
+    """The states of positions ``[bounds[i], bounds[i + 1])`` of ``state``, a sequence state
+    holding exactly positions ``0..bounds[-1]-1`` in cell order, in one stream of one KV cache
+    (``bounds`` ascending from 0). None for any other state (a sliding window's, a slot whose
+    cells a context shift reordered, another format): it is kept whole."""
+    try:
+        data, n_stream, index, stream = _one_stream(state)
+    except (ValueError, struct.error):
+        return None
+    if len(bounds) < 2 or bounds[0] != 0 or not np.array_equal(stream.positions, np.arange(bounds[-1])):
+        return None
+    parts = []
+    for begin, end in zip(bounds, bounds[1:]):
+        k = [[rows[begin:end]] for _, rows in stream.k]
+        v = [[rows[:, begin:end] if stream.v_trans else rows[begin:end]] for _, rows in stream.v]
+        parts.append(_state(bytes(data[:8]), n_stream, index, stream.seq, stream.positions[begin:end], stream, k, v))
+    return parts
+
+
+def join(parts: list[bytes | bytearray | memoryview]) -> bytearray:
+    """One state of all the cells ``parts`` hold, in order (what :func:`split` cut, joined back:
+    the same bytes), in the first part's stream and sequence id. ValueError when a part is not a
+    one-stream state, the parts' layouts differ (streams, V layout, layer headers) or their
+    positions do not ascend."""
+    read = [_one_stream(p) for p in parts]
+    if not read:
+        raise ValueError("no states to join")
+    data, n_stream, index, first = read[0]
+    heads = ([h for h, _ in first.k], [h for h, _ in first.v], first.v_trans)
+    for _, n, _, s in read[1:]:
+        if n != n_stream or ([h for h, _ in s.k], [h for h, _ in s.v], s.v_trans) != heads:
+            raise ValueError("states of different layouts")
+    streams = [s for _, _, _, s in read]
+    positions = np.concatenate([s.positions for s in streams]).astype(np.int64)
+    if len(positions) > 1 and not bool(np.all(positions[1:] > positions[:-1])):
+        raise ValueError("positions not ascending")
+    k = [[s.k[layer][1] for s in streams] for layer in range(len(first.k))]
+    v = [[s.v[layer][1] for s in streams] for layer in range(len(first.v))]
+    return _state(bytes(data[:8]), n_stream, index, first.seq, positions, first, k, v)
 
 
 def relay_window(state: bytes | bytearray, ring: int) -> tuple[bytes | bytearray, int] | None:
