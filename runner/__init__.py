@@ -45,7 +45,7 @@ from .loop.engine import Engine
 from .loop.pipeline import InlineDecoder, ThreadDecoder
 from .loop.runner import BatchRunner
 from .spec.controller import Speculation
-from .spec.draftmodel import DraftModel
+from .loop.draftmodel import DraftModel
 
 __all__ = [
     "Chunk", "DoneReason", "InvalidModel", "InvalidRequest", "LoadError", "LoadOptions", "Message", "Metrics",

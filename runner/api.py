@@ -117,7 +117,7 @@ class Options:
     # Off by default until bench/ shows the controller never slower: on a loaded 2-core machine a
     # rewrite whose drafts all failed ran at 0.89-0.91x (issue 26 note, 2026-11-25)
     draft_num_predict: int = 0
-    # a draft model (runner.spec.draftmodel): a store name or a .gguf path of a smaller model with
+    # a draft model (runner.loop.draftmodel): a store name or a .gguf path of a smaller model with
     # the same vocabulary, loaded beside the model ("" : the Modelfile's DRAFT, if any; load-time)
     draft: str = ""
     # runner (load-time) options

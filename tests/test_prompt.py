@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
+
 import pytest
 
 from runner.template import prompt
@@ -215,10 +218,11 @@ def _select(request_template, model):
     """The template runner.prepare.prepare chooses for a request to ``model`` (an ``_info``)."""
     from runner.loading.resolve import ResolvedModel
     from runner.prepare import prepare
-    from runner.store import ModelDefaults
+    from runner.store import ModelDefaults, StoredModel
 
     info, store_template = model
-    resolved = ResolvedModel("m", None, info, ModelDefaults(template=store_template),
+    stored = StoredModel("m", Path(info.path), 0, datetime.now(timezone.utc), "")
+    resolved = ResolvedModel("m", stored, info, ModelDefaults(template=store_template),
                              prompt.model_template(info, store_template))
     return prepare(resolved, Request(prompt="x", template=request_template)).chat_template
 

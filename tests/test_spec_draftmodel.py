@@ -13,7 +13,7 @@ import pytest
 
 from runner.api import InvalidModel
 from runner.spec.controller import Speculation, StepCost
-from runner.spec.draftmodel import DraftModel, ModelDrafter, vocabulary_mismatch
+from runner.loop.draftmodel import DraftModel, ModelDrafter, vocabulary_mismatch
 from tests.fakeengine import FakeEngine
 from tests.test_spec_loop import CASES, CODE, EOG, UTF8, once
 

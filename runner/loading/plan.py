@@ -51,7 +51,7 @@ class LoadOptions:
     use_mmap: bool
     multi_user: bool  # OLLAMA_MULTIUSER_CACHE: slots shared by several users
     pipeline: bool = False  # POLLAMA_PIPELINE: decode on a compute thread, the next batch built meanwhile
-    draft: str = ""  # the draft model's GGUF path (runner.spec.draftmodel); "": none
+    draft: str = ""  # the draft model's GGUF path (runner.loop.draftmodel); "": none
     num_gpu: int = -1  # layers to offload (old engine, GPU build): -1 as many as fit, 0 none (runner.loading.gpu)
     main_gpu: int = 0  # the GPU a model that fits on one goes to (runner.loading.gpu)
 

@@ -1,12 +1,13 @@
 """Speculative decoding (issue 26): guess a sequence's next tokens cheaply, verify them in one
 decode, keep what the model agrees with.
 
-- :mod:`.drafter`: the :class:`~.drafter.Drafter` protocol, one per sequence: its guesses.
+- :mod:`.drafter`: the :class:`~.drafter.Drafter` protocol, one per sequence: its guesses; and
+  :class:`~.drafter.DraftSource`, what hands drafters out (a draft model:
+  :mod:`runner.loop.draftmodel`, which drives a second engine).
 - :mod:`.ngram`: prompt lookup (llama.cpp's ngram-simple): the continuation of the most recent
   earlier occurrence of the sequence's last tokens.
 - :mod:`.controller`: :class:`~.controller.Speculation`, how deep to draft: the cost of a decode
   by rows against the sequence's acceptance so far (draft only when it pays).
-- :mod:`.draftmodel`: a draft model (a second engine with the same vocabulary) as a drafter.
 - :mod:`.verify`: the verification of a drafted batch: the sequence's own sampler decides each
   row in order, the draft stands up to the first disagreement.
 

@@ -32,8 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .draftmodel import DraftModel
-from .drafter import Drafter, NoDrafter
+from .drafter import DraftSource, Drafter, NoDrafter
 from .ngram import PromptLookup
 
 #: (rows, cost relative to a one-row decode) on GGML's CPU kernels: SmolLM2-135M Q4_1 measured to
@@ -141,7 +140,7 @@ class Speculation:
     """The runner's speculative decoding: a drafter per sequence and the depth of each draft."""
 
     def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None,
-                 draft: DraftModel | None = None) -> None:
+                 draft: DraftSource | None = None) -> None:
         """``enabled`` False: no sequence ever drafts (``POLLAMA_SPECULATIVE=off``, or a model
         whose KV memory cannot drop a sequence's tail); ``cost``: a decode's cost by rows
         (default :class:`StepCost` over :data:`ROW_COST`); ``draft``: a draft model, which

@@ -1,14 +1,14 @@
 """What speculative decoding needs from a source of guesses: one :class:`Drafter` per sequence.
 
 Prompt lookup (:class:`runner.spec.ngram.PromptLookup`) and a draft model
-(:class:`runner.spec.draftmodel.ModelDrafter`) are two; a shared n-gram pool would be another. Whatever the source, a guess is only a guess: the target
+(:class:`runner.loop.draftmodel.ModelDrafter`) are two; a shared n-gram pool would be another. Whatever the source, a guess is only a guess: the target
 model verifies every drafted token (:mod:`runner.spec.verify`), so a wrong draft costs time,
 never output.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 
 class Drafter(Protocol):
@@ -25,3 +25,17 @@ class NoDrafter:
 
     def propose(self, generated: Sequence[int], limit: int) -> list[int]:
         return []
+
+
+class DraftSource(Protocol):
+    """A source of drafters shared by a runner's sequences: a draft model
+    (:class:`runner.loop.draftmodel.DraftModel`, a second engine the loop drives)."""
+
+    token_cost: float  # the time one guessed token takes, relative to the target's one-row decode
+
+    def drafter(self, seq_id: int, prompt: Sequence[Any]) -> Drafter | None:
+        """The drafter of the sequence in slot ``seq_id`` whose inputs are ``prompt``; None when
+        this source cannot draft for it (an image in the prompt)."""
+
+    def close(self) -> None:
+        """Free what the source holds (the runner unloads)."""

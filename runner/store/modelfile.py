@@ -60,7 +60,7 @@ class Modelfile:
     messages: list[dict[str, str]] = field(default_factory=list)
     license: list[str] = field(default_factory=list)
     upstream_model: str = ""  # PARAMETER upstream_model: a remote model's name on its upstream
-    draft: str | None = None  # DRAFT: a draft model (runner.spec.draftmodel), a path or a store name
+    draft: str | None = None  # DRAFT: a draft model (runner.loop.draftmodel), a path or a store name
     draft_line: int = 0
 
 

@@ -18,14 +18,12 @@ Everything runs on the loop thread, synchronously, while the target does not dec
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..api import InvalidModel
-
-if TYPE_CHECKING:
-    from ..loop.engine import Engine
+from .engine import Engine
 
 #: a guess stops before a token the draft model gives less than this probability
 P_MIN = 0.75
