@@ -114,9 +114,9 @@ class Options:
     stop: list[str] = field(default_factory=list)
     # speculative decoding (runner.spec): the most tokens drafted per step, 0 = off (the runner
     # drafts fewer, or none, where its acceptance and the cost of a step say so; at most 32).
-    # Off by default until bench/ shows the controller never slower: on a loaded 2-core machine a
-    # rewrite whose drafts all failed ran at 0.89-0.91x (issue 26 note, 2026-11-25)
-    draft_num_predict: int = 0
+    # On by default: bench/bench_spec.py measured 1.6-2.1x on gemma-3-270m and 0.97-1.03x on
+    # SmolLM2, whose guesses are half wrong (bench/README.md)
+    draft_num_predict: int = 16
     # a draft model (runner.loop.draftmodel): a store name or a .gguf path of a smaller model with
     # the same vocabulary, loaded beside the model ("" : the Modelfile's DRAFT, if any; load-time)
     draft: str = ""

@@ -20,7 +20,7 @@ def test_pollama_speculative(value, on):
 
 
 def test_draft_num_predict_is_an_option():
-    assert Options().draft_num_predict == 0  # off until bench/ shows it never slower
+    assert Options().draft_num_predict == 16  # on by default (bench/bench_spec.py)
     assert Options().merged({"draft_num_predict": 0}).draft_num_predict == 0
     assert Options().merged({"draft_num_predict": "4"}).draft_num_predict == 4  # -o draft_num_predict=4
     with pytest.raises(InvalidRequest):

@@ -1,0 +1,348 @@
+"""Speculative decoding (issue 26): decode speed with prompt-lookup drafts against none, on both
+engines, beside llama-server's n-gram modes on the same prompts.
+
+    python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16]
+
+Tasks, greedy, ``--tokens`` generated (the issue's):
+  rewrite  a 42-line Python file with one name changed (input-grounded: the answer repeats it)
+  quote    answer a question by quoting a document (input-grounded)
+  story    an open-ended story (nothing to look up)
+
+For each model and engine: decode tok/s (``eval_count / eval_duration``) with ``draft_num_predict
+= --depth`` and with 0, their ratio, drafted tokens accepted/proposed, and whether the text is the
+same (or where it parts: batched rows round differently from single ones on GGML's CPU kernels, so a near-tie may flip). llama-server (built from the pinned sdist, as bench_decode.py
+builds llama-bench) runs the same prompt text through ``/completion`` with ``--spec-type none``,
+``ngram-simple`` and ``ngram-mod`` (their defaults), its ``timings.predicted_per_second``. Then 4
+parallel streams in one runner (num_parallel 4): aggregate tok/s with and without drafts.
+
+Runs are interleaved (no drafts, drafts, no drafts, ...) and medians reported; the load average is
+printed: on this 2-core machine, repeat a run whose load average is above ~0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import runner  # noqa: E402
+from runner import config  # noqa: E402
+from runner.api import Options, Request  # noqa: E402
+
+import bench_decode  # noqa: E402
+
+CODE = '''class Account:
+    def __init__(self, owner, balance=0):
+        self.owner = owner
+        self.balance = balance
+        self.history = []
+
+    def deposit(self, amount):
+        if amount <= 0:
+            raise ValueError("amount must be positive")
+        self.balance += amount
+        self.history.append(("deposit", amount))
+        return self.balance
+
+    def withdraw(self, amount):
+        if amount > self.balance:
+            raise ValueError("insufficient funds")
+        self.balance -= amount
+        self.history.append(("withdraw", amount))
+        return self.balance
+
+    def transfer(self, other, amount):
+        self.withdraw(amount)
+        other.deposit(amount)
+
+    def statement(self):
+        lines = [f"{self.owner}: {self.balance}"]
+        for kind, amount in self.history:
+            lines.append(f"  {kind} {amount}")
+        return "\\n".join(lines)
+
+
+def open_account(owner, balance=0):
+    return Account(owner, balance)
+
+
+def total(accounts):
+    return sum(a.balance for a in accounts)
+
+
+def richest(accounts):
+    return max(accounts, key=lambda a: a.balance)
+'''
+
+DOCUMENT = """The town of Millbrook sits where the Arden river bends east toward the sea. It was founded in 1742 by a group of millers who used the fast water to turn their wheels, and for a century the town lived on flour, timber and wool.
+
+The old stone bridge was built in 1811 after the wooden one was carried away by a spring flood. It has five arches, each a little wider than the one before, and the townspeople say that the middle arch was left unfinished for a year because the mason refused to work until he was paid.
+
+In 1868 the railway reached Millbrook, and with it came a station, two hotels and a brass band that still plays on the first Sunday of every month. The mills closed one by one after the First World War, and the last of them became a museum in 1974.
+
+Today Millbrook is known for its autumn fair, its library, which holds the letters of the founding families, and the walking path that follows the river from the bridge to the old lighthouse at the estuary."""
+
+TASKS = {
+    "rewrite": "Rewrite this Python code, renaming balance to funds everywhere. Output only the code.\n\n"
+               "```python\n" + CODE + "```",
+    "quote": "Read the document and answer by quoting it word for word: what does it say about the old "
+             "stone bridge and about the railway? Quote both paragraphs exactly.\n\n" + DOCUMENT,
+    "story": "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+}
+GROUNDED = ("rewrite", "quote")
+
+
+def chat_prompt(model: str, user: str) -> str:
+    """The model's own chat format around one user turn (raw text, so llama-server gets the same)."""
+    if model == "smollm2":
+        return (f"<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
+    return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def load_avg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@dataclasses.dataclass
+class Gen:
+    text: str
+    tokens: int
+    tps: float
+    draft_n: int
+    accepted: int
+
+
+def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
+    options = Options().merged({"temperature": 0, "num_predict": tokens, "draft_num_predict": depth})
+    parts, final = [], None
+    for chunk in r.stream(Request(prompt=prompt, raw=True, options=options)):
+        parts.append(chunk.text)
+        if chunk.done:
+            final = chunk
+    m = final.metrics
+    return Gen("".join(parts), m.eval_count, m.eval_count / (m.eval_duration / 1e9), m.draft_n, m.draft_n_accepted)
+
+
+def load_runner(model: str, engine: str, threads: int, num_parallel: int):
+    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=0, cache_disk=0)
+    path = None if model == "smollm2" else str(bench_decode.gemma3())
+    r = runner.load(runner.resolve(path, cfg), Options().merged({"num_ctx": 4096, "num_thread": threads}),
+                    cfg, num_parallel=num_parallel)
+    if r.engine != engine:
+        raise SystemExit(f"asked for the {engine} engine, got {r.engine}")
+    return r
+
+
+@dataclasses.dataclass
+class Row:
+    model: str
+    engine: str
+    task: str
+    off: list[Gen]
+    on: list[Gen]
+
+    @property
+    def same(self) -> str:
+        """"yes" when every run's text is the first run's without drafts, else where the first
+        text that differs parts from it (characters)."""
+        return same_text([g.text for g in self.off + self.on])
+
+
+def same_text(texts: list[str]) -> str:
+    base = texts[0]
+    parts = [next((i for i, (x, y) in enumerate(zip(base, t)) if x != y), min(len(base), len(t)))
+             for t in texts if t != base]
+    return "yes" if not parts else f"parts at char {min(parts)} of {len(base)}"
+
+
+def pollama_rows(model: str, engine: str, prompts: dict[str, str], runs: int, tokens: int, depth: int,
+                 threads: int) -> list[Row]:
+    r = load_runner(model, engine, threads, 1)
+    try:
+        rows = []
+        for task, prompt in prompts.items():
+            generate(r, prompt, 8, 0)  # the prompt into the slot: runs then measure decode alone
+            row = Row(model, engine, task, [], [])
+            for _ in range(runs):
+                row.off.append(generate(r, prompt, tokens, 0))
+                row.on.append(generate(r, prompt, tokens, depth))
+            rows.append(row)
+        return rows
+    finally:
+        r.close()
+
+
+def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth: int, threads: int,
+            n: int = 4) -> tuple[list[float], list[float], str]:
+    """Aggregate tok/s of ``n`` concurrent streams, without and with drafts; the texts equal."""
+    r = load_runner(model, engine, threads, n)
+    texts: list[str] = []
+    try:
+        def once(d: int) -> float:
+            out: list[Gen] = [None] * n  # type: ignore[list-item]
+
+            def one(i: int) -> None:
+                out[i] = generate(r, prompt, tokens, d)
+
+            threads_ = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+            t0 = time.perf_counter()
+            for t in threads_:
+                t.start()
+            for t in threads_:
+                t.join()
+            wall = time.perf_counter() - t0
+            texts.extend(g.text for g in out)
+            return sum(g.tokens for g in out) / wall
+
+        once(0)
+        off, on = [], []
+        for _ in range(runs):
+            off.append(once(0))
+            on.append(once(depth))
+        return off, on, same_text(texts)
+    finally:
+        r.close()
+
+
+class LlamaServer:
+    def __init__(self, binary: Path, model: Path, threads: int, spec: str) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        cmd = [str(binary), "-m", str(model), "-np", "1", "-c", "4096", "-t", str(threads), "-tb", str(threads),
+               "--spec-type", spec, "--host", "127.0.0.1", "--port", str(self.port), "--cache-ram", "0"]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"llama-server exited: {self.log.read()[-2000:].decode(errors='replace')}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise SystemExit("llama-server did not start in 120 s")
+            time.sleep(0.2)
+
+    def generate(self, prompt: str, tokens: int) -> Gen:
+        body = json.dumps({"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1,
+                           "cache_prompt": True, "stream": False}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            reply = json.loads(resp.read())
+        t = reply["timings"]
+        return Gen(reply["content"], int(t["predicted_n"]), float(t["predicted_per_second"]),
+                   int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
+
+
+def server_rows(binary: Path, model: str, prompts: dict[str, str], runs: int, tokens: int,
+                threads: int) -> dict[tuple[str, str], list[Gen]]:
+    """(task, spec type) -> runs; the three servers are started one after another per run round."""
+    path = bench_decode.smollm2() if model == "smollm2" else bench_decode.gemma3()
+    out: dict[tuple[str, str], list[Gen]] = {}
+    for spec in SPEC_TYPES:
+        srv = LlamaServer(binary, path, threads, spec)
+        try:
+            for task, prompt in prompts.items():
+                srv.generate(prompt, 8)
+                out[(task, spec)] = [srv.generate(prompt, tokens) for _ in range(runs)]
+        finally:
+            srv.close()
+    return out
+
+
+def acc(gens: list[Gen]) -> str:
+    n, a = sum(g.draft_n for g in gens), sum(g.accepted for g in gens)
+    return f"{a}/{n}" if n else "–"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--engines", default="old,new")
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--depth", type=int, default=16, help="draft_num_predict of the drafting rows")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--no-server", action="store_true", help="skip llama-server")
+    ap.add_argument("--no-streams", action="store_true", help="skip the 4-stream rows")
+    a = ap.parse_args()
+    models = a.models.split(",")
+    engines = a.engines.split(",")
+    tasks = a.tasks.split(",")
+
+    print(f"machine: {bench_decode.machine()}; {a.threads} threads; greedy, {a.tokens} tokens; "
+          f"draft_num_predict {a.depth} vs 0; median of {a.runs} interleaved runs; load average {load_avg()}")
+    print(f"pollama: {bench_decode.git_head(HERE.parent)}\n")
+    binary = None if a.no_server else bench_decode.llama_cpp_tool("llama-server")
+
+    for model in models:
+        prompts = {t: chat_prompt(model, TASKS[t]) for t in tasks}
+        rows = [row for engine in engines
+                for row in pollama_rows(model, engine, prompts, a.runs, a.tokens, a.depth, a.threads)]
+        server = server_rows(binary, model, prompts, a.runs, a.tokens, a.threads) if binary else {}
+        label = bench_decode.MODELS[model][0]
+        print(f"### {label}: one stream (load average {load_avg()})\n")
+        print("| task | engine | tok/s, no drafts | tok/s, drafts | drafts / none | accepted/proposed | same text as no drafts |")
+        print("|---|---|---:|---:|---:|---:|---|")
+        for row in rows:
+            off, on = med([g.tps for g in row.off]), med([g.tps for g in row.on])
+            print(f"| {row.task} | {row.engine} | {off:.1f} | {on:.1f} | {on / off:.2f}× | {acc(row.on)} | "
+                  f"{row.same} |")
+        if server:
+            print("\n| task | llama-server | tok/s | vs none | accepted/proposed |")
+            print("|---|---|---:|---:|---:|")
+            for task in tasks:
+                base = med([g.tps for g in server[(task, "none")]])
+                for spec in SPEC_TYPES:
+                    gens = server[(task, spec)]
+                    tps = med([g.tps for g in gens])
+                    print(f"| {task} | {spec} | {tps:.1f} | {tps / base:.2f}× | {acc(gens)} |")
+        if not a.no_streams:
+            print(f"\n4 streams, one runner (num_parallel 4), task rewrite (load average {load_avg()})\n")
+            print("| engine | aggregate tok/s, no drafts | drafts | drafts / none | same text |")
+            print("|---|---:|---:|---:|---|")
+            for engine in engines:
+                off, on, same = streams(model, engine, prompts[tasks[0]], a.runs, a.tokens, a.depth, a.threads)
+                print(f"| {engine} | {med(off):.1f} | {med(on):.1f} | {med(on) / med(off):.2f}× | {same} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
