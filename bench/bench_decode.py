@@ -47,11 +47,14 @@ import os
 import platform
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,6 +147,53 @@ def llama_cpp_tool(target: str) -> Path:
         subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", str(os.cpu_count() or 2)],
                        check=True, stdout=subprocess.DEVNULL)
     return binary
+
+
+class LlamaServer:
+    """A ``llama-server`` (from :func:`llama_cpp_tool`) on a free port of 127.0.0.1 with ``args``
+    (model, slots, flags), once its ``/health`` answers; :meth:`post` a JSON request to it."""
+
+    def __init__(self, binary: Path, args: list[str]) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([str(binary), *args, "--host", "127.0.0.1", "--port", str(self.port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while True:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"llama-server exited: {self.log.read()[-2000:].decode(errors='replace')}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise SystemExit("llama-server did not start in 120 s")
+            time.sleep(0.2)
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return json.loads(resp.read())
+
+    def peak_rss(self) -> int:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 def run_llama_bench(binary: Path, model: Path, threads: int, test: str, pp: int, tg: int) -> tuple[float, str]:

@@ -44,18 +44,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -280,56 +276,20 @@ class ServerTurn:
     prompt_ms: float
 
 
-class LlamaServer:
-    def __init__(self, binary: Path, model: str, num_ctx: int, threads: int) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        cmd = [str(binary), "-m", model, "-np", "1", "--cache-ram", str(SERVER_RAM_MIB), "-c", str(num_ctx),
-               "-t", str(threads), "-tb", str(threads), "-b", "512", "-ub", "512", "-fa", "off",
-               "-ctk", "f16", "-ctv", "f16", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"llama-server exited: {self.log.read()[-2000:].decode(errors='replace')}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise SystemExit("llama-server did not start in 120 s")
-            time.sleep(0.2)
+def llama_server(binary: Path, model: str, num_ctx: int, threads: int) -> bench_decode.LlamaServer:
+    return bench_decode.LlamaServer(binary, [
+        "-m", model, "-np", "1", "--cache-ram", str(SERVER_RAM_MIB), "-c", str(num_ctx), "-t", str(threads),
+        "-tb", str(threads), "-b", "512", "-ub", "512", "-fa", "off", "-ctk", "f16", "-ctv", "f16"])
 
-    def turn(self, prompt: str) -> ServerTurn:
-        body = json.dumps({"prompt": prompt, "n_predict": 1, "cache_prompt": True, "temperature": 0,
-                           "stream": False}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
-                                     headers={"Content-Type": "application/json"})
-        t0 = time.perf_counter()
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            reply = json.loads(resp.read())
-        ms = (time.perf_counter() - t0) * 1e3
-        t = reply["timings"]
-        return ServerTurn(ms, int(t["prompt_n"]), int(t.get("cache_n", 0)), float(t["prompt_ms"]))
 
-    def peak_rss(self) -> int:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+def server_turn(srv: bench_decode.LlamaServer, prompt: str) -> ServerTurn:
+    """One greedy one-token request: its wall time and what llama-server's cache gave."""
+    t0 = time.perf_counter()
+    reply = srv.post("/completion", {"prompt": prompt, "n_predict": 1, "cache_prompt": True, "temperature": 0,
+                                     "stream": False})
+    ms = (time.perf_counter() - t0) * 1e3
+    t = reply["timings"]
+    return ServerTurn(ms, int(t["prompt_n"]), int(t.get("cache_n", 0)), float(t["prompt_ms"]))
 
 
 @dataclasses.dataclass
@@ -343,13 +303,13 @@ class ServerRow:
 
 
 def server_turns(binary: Path, model: str, docs: list[str], num_ctx: int, threads: int, restarts: int) -> ServerRow:
-    srv = LlamaServer(binary, model, num_ctx, threads)
+    srv = llama_server(binary, model, num_ctx, threads)
     try:
         with Sampler(srv.proc.pid) as s:
-            cold = [srv.turn(docs[0])]
+            cold = [server_turn(srv, docs[0])]
             base = rss_bytes(srv.proc.pid)
-            cold += [srv.turn(d) for d in docs[1:]]
-            ram = [srv.turn(d + FOLLOW) for d in docs]
+            cold += [server_turn(srv, d) for d in docs[1:]]
+            ram = [server_turn(srv, d + FOLLOW) for d in docs]
         peak = max(s.rss, srv.peak_rss())
     finally:
         srv.close()
@@ -358,9 +318,9 @@ def server_turns(binary: Path, model: str, docs: list[str], num_ctx: int, thread
             raise SystemExit(f"llama-server returning turn {k} reused {t.cache_n} tokens, evaluated {t.prompt_n}")
     restart: list[ServerTurn] = []
     if restarts:
-        srv = LlamaServer(binary, model, num_ctx, threads)
+        srv = llama_server(binary, model, num_ctx, threads)
         try:
-            restart = [srv.turn(d + FOLLOW + FOLLOW2) for d in docs[:restarts]]
+            restart = [server_turn(srv, d + FOLLOW + FOLLOW2) for d in docs[:restarts]]
         finally:
             srv.close()
     return ServerRow(len(docs), cold, ram, restart, base, peak)

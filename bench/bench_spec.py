@@ -22,18 +22,12 @@ printed: on this 2-core machine, repeat a run whose load average is above ~0.5.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -224,47 +218,12 @@ def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth:
         r.close()
 
 
-class LlamaServer:
-    def __init__(self, binary: Path, model: Path, threads: int, spec: str) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        cmd = [str(binary), "-m", str(model), "-np", "1", "-c", "4096", "-t", str(threads), "-tb", str(threads),
-               "--spec-type", spec, "--host", "127.0.0.1", "--port", str(self.port), "--cache-ram", "0"]
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"llama-server exited: {self.log.read()[-2000:].decode(errors='replace')}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            if time.monotonic() > deadline:
-                raise SystemExit("llama-server did not start in 120 s")
-            time.sleep(0.2)
-
-    def generate(self, prompt: str, tokens: int) -> Gen:
-        body = json.dumps({"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1,
-                           "cache_prompt": True, "stream": False}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            reply = json.loads(resp.read())
-        t = reply["timings"]
-        return Gen(reply["content"], int(t["predicted_n"]), float(t["predicted_per_second"]),
-                   int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)))
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+def server_generate(srv: bench_decode.LlamaServer, prompt: str, tokens: int) -> Gen:
+    reply = srv.post("/completion", {"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1,
+                                     "cache_prompt": True, "stream": False})
+    t = reply["timings"]
+    return Gen(reply["content"], int(t["predicted_n"]), float(t["predicted_per_second"]),
+               int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)))
 
 
 SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
@@ -276,11 +235,12 @@ def server_rows(binary: Path, model: str, prompts: dict[str, str], runs: int, to
     path = bench_decode.smollm2() if model == "smollm2" else bench_decode.gemma3()
     out: dict[tuple[str, str], list[Gen]] = {}
     for spec in SPEC_TYPES:
-        srv = LlamaServer(binary, path, threads, spec)
+        srv = bench_decode.LlamaServer(binary, ["-m", str(path), "-np", "1", "-c", "4096", "-t", str(threads),
+                                                "-tb", str(threads), "--spec-type", spec, "--cache-ram", "0"])
         try:
             for task, prompt in prompts.items():
-                srv.generate(prompt, 8)
-                out[(task, spec)] = [srv.generate(prompt, tokens) for _ in range(runs)]
+                server_generate(srv, prompt, 8)
+                out[(task, spec)] = [server_generate(srv, prompt, tokens) for _ in range(runs)]
         finally:
             srv.close()
     return out
