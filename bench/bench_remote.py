@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,7 +24,9 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import bench_decode  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
@@ -77,11 +80,14 @@ def main() -> None:
         for _ in range(args.runs):
             results["direct"].append(one(upstream, model, args.tokens))
             results["through pollama"].append(one(front.url + "/v1", "remote", args.tokens))
-        print(f"upstream {upstream} ({model}), {args.tokens} tokens, median of {args.runs}")
-        print(f"{'path':<18}{'TTFT ms':>10}{'tokens/s':>10}")
+        print(f"machine: {bench_decode.machine()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"upstream {upstream} ({model}), {args.tokens} tokens, median of {args.runs} interleaved runs\n")
+        print("| path | TTFT ms | tokens/s | vs direct |")
+        print("|---|---:|---:|---:|")
+        base = statistics.median(s for _, s in results["direct"])
         for name, runs in results.items():
-            print(f"{name:<18}{statistics.median(t for t, _ in runs):>10.1f}"
-                  f"{statistics.median(s for _, s in runs):>10.1f}")
+            rate = statistics.median(s for _, s in runs)
+            print(f"| {name} | {statistics.median(t for t, _ in runs):.1f} | {rate:.1f} | {rate / base:.3f}× |")
     finally:
         for server in reversed(started):
             server.stop()
