@@ -166,17 +166,9 @@ def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarr
         n = sum(p.nbytes for p in pieces)
         if pieces and pieces[0].ndim == 3:  # transposed V: component after component, cells within
             width, _, el = pieces[0].shape
-            region = body[at : at + n].reshape(width, count, el)
-            cell = 0
-            for p in pieces:
-                region[:, cell : cell + p.shape[1]] = p
-                cell += p.shape[1]
-        else:
-            region = body[at : at + n].reshape(count, -1) if count else body[at:at]
-            cell = 0
-            for p in pieces:
-                region[cell : cell + len(p)] = p
-                cell += len(p)
+            np.concatenate(pieces, axis=1, out=body[at : at + n].reshape(width, count, el))
+        elif count:
+            np.concatenate(pieces, axis=0, out=body[at : at + n].reshape(count, -1))
         at += n
     return out
 
