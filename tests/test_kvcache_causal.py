@@ -308,7 +308,7 @@ def test_import_refuses_damaged_foreign_or_oversized_states(backend: Any) -> Non
         assert cache.import_seq(1, other)  # seq 1 back for the next case
 
     refused(state[: len(state) // 2])  # truncated
-    refused(state + b"\0")  # padded
+    refused(bytes(state) + b"\0")  # padded
     refused(b"")
     for at in (0, 4, 40, len(state) // 2, len(state) - 1):  # magic, version, layer table, rows, crc
         bad = bytearray(state)

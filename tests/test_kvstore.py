@@ -340,10 +340,16 @@ class Rows:
 
     ROW = 8
 
-    def split_state(self, state, bounds):
+    def __init__(self):
+        self.cut = 0  # pages cut so far
+
+    def split_state(self, state, bounds, held=()):
         if len(state) != bounds[-1] * self.ROW:
             return None  # not positions 0..n-1: kept whole
-        return [bytes(state[a * self.ROW : b * self.ROW]) for a, b in zip(bounds, bounds[1:])]
+        parts = [None if i in held else bytes(state[a * self.ROW : b * self.ROW])
+                 for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        self.cut += sum(p is not None for p in parts)
+        return parts
 
     def join_states(self, parts):
         if any(len(p) % self.ROW for p in parts):
@@ -387,6 +393,17 @@ def test_a_shared_prefix_is_stored_once():
     found = store.lookup(SYSTEM + [9, 9])  # a third conversation with the same system prompt
     assert found.n == len(SYSTEM) and found.state_n >= len(SYSTEM)
     assert found.state[: len(SYSTEM) * 8] == rows_for(SYSTEM)
+
+
+def test_a_growing_conversation_cuts_only_its_new_pages():
+    store = paged_store()
+    a = SYSTEM + tokens(40, start=100)  # 93 inputs: 5 blocks and a tail
+    assert store.save(a, rows_for(a)) and store.pager.cut == 6
+    longer = a + tokens(20, start=900)  # the next turn: 113 inputs, 7 blocks and a tail
+    assert store.save(longer, rows_for(longer))
+    assert store.pager.cut == 6 + 3  # blocks 5 and 6 and the tail; the first five are held
+    found = store.lookup(longer + [1])
+    assert found.n == len(longer) and found.state == rows_for(longer)
 
 
 def test_pages_serve_to_the_input_and_tails_are_replaced():

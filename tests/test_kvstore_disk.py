@@ -35,8 +35,10 @@ def state_for(inputs: list[int]) -> bytes:
 class Rows:
     """A pager over :func:`rows_for`'s states: 8 bytes a position, cut and joined at any one."""
 
-    def split_state(self, state, bounds):
-        return [state[a * 8 : b * 8] for a, b in zip(bounds, bounds[1:])] if len(state) == bounds[-1] * 8 else None
+    def split_state(self, state, bounds, held=()):
+        if len(state) != bounds[-1] * 8:
+            return None
+        return [None if i in held else state[a * 8 : b * 8] for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
     def join_states(self, parts):
         return b"".join(parts)

@@ -207,11 +207,13 @@ class Cache(Protocol):
         other's states; "" when this cache cannot export."""
         ...
 
-    def export_seq(self, seq: int) -> bytes | bytearray:
+    def export_seq(self, seq: int) -> bytes | bytearray | memoryview:
         """A host copy of everything ``seq`` holds: per cell its position, per layer the K and V
         rows as stored (the cache's dtype, quantized blocks as they are), in the format of
         :mod:`runner.kvcache.snapshot`. A sequence that holds nothing gives an empty state (which
-        imports as an empty sequence). Changes nothing in the cache."""
+        imports as an empty sequence). Changes nothing in the cache. The copy is the caller's
+        while it holds a reference (a cache may reuse the buffer of an export nothing
+        references any more)."""
         ...
 
     def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:

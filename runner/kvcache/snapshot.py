@@ -33,10 +33,12 @@ only the last cells, not pages of the conversation) is not split.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -87,6 +89,17 @@ class Geometry:
         """Bytes of one cell's rows over all layers."""
         return sum(ly.k_row + ly.v_row for ly in self.layers)
 
+    @functools.cached_property
+    def _starts(self) -> tuple[int, ...]:
+        """Per layer, the bytes of one cell's rows in the layers before it (a state of ``n``
+        cells keeps layer ``i``'s rows from ``n * _starts[i]`` of its rows region)."""
+        return tuple(itertools.accumulate((ly.k_row + ly.v_row for ly in self.layers), initial=0))
+
+
+def size(geometry: Geometry, n: int) -> int:
+    """The bytes of a state of ``n`` cells of ``geometry``."""
+    return _size(geometry, n)
+
 
 def _size(geometry: Geometry, n: int) -> int:
     return _HEADER.size + len(geometry.layers) * _LAYER.size + 8 * n + n * geometry.cell_bytes + _CRC.size
@@ -96,15 +109,21 @@ class Writer:
     """Builds one cache's state: header, positions and cells at once, then the rows filled in
     place through :meth:`k_rows`/:meth:`v_rows`, then :meth:`finish`."""
 
-    def __init__(self, geometry: Geometry, positions: np.ndarray, cells: np.ndarray) -> None:
-        """``positions`` ascending and ``cells`` aligned with them (int arrays of one length)."""
+    def __init__(self, geometry: Geometry, positions: np.ndarray, cells: np.ndarray,
+                 into: bytearray | None = None) -> None:
+        """``positions`` ascending and ``cells`` aligned with them (int arrays of one length).
+        ``into``: a buffer to write the state at the start of when it is large enough (the
+        state is then a view of it): a new buffer of a 50 MB state costs ~13,000 first-touch
+        page faults, more than filling it."""
         n = len(positions)
         dtype = geometry.dtype.encode("ascii")
         if len(dtype) > 8:
             raise ValueError(f"dtype name {geometry.dtype!r} too long for the format")
         self.geometry = geometry
         self.n = n
-        self.buf = bytearray(_size(geometry, n))
+        size = _size(geometry, n)
+        self.buf: bytearray | memoryview = memoryview(into)[:size] if into is not None and len(into) >= size \
+            else bytearray(size)
         flags = _PERMUTED_V if geometry.permuted_v else 0
         _HEADER.pack_into(self.buf, 0, _MAGIC, VERSION, flags, dtype, len(geometry.layers), n)
         at = _HEADER.size
@@ -125,7 +144,7 @@ class Writer:
         """Layer ``geometry.layers[i]``'s V rows to fill: uint8 ``(n, v_row)``, position order."""
         return _layer_rows(self._body[self._rows :], self.geometry, self.n, i, value=True)
 
-    def finish(self) -> bytearray:
+    def finish(self) -> bytearray | memoryview:
         """The state, checksummed (the writer must not be used afterwards)."""
         end = len(self.buf) - _CRC.size
         _CRC.pack_into(self.buf, end, zlib.crc32(memoryview(self.buf)[:end]))
@@ -155,9 +174,11 @@ class Snapshot:
         return _layer_rows(self._body, self.geometry, self.n, i, value=True)
 
 
-def read(data: bytes | bytearray | memoryview) -> Snapshot:
+def read(data: bytes | bytearray | memoryview, verify: bool = True) -> Snapshot:
     """Parse one cache's state (views into ``data``, which must outlive the result). Raises
-    :class:`SnapshotError` for a state that is not exactly one intact state of this format."""
+    :class:`SnapshotError` for a state that is not exactly one intact state of this format;
+    ``verify`` False skips the checksum (a state this process wrote, or one a checksummed file
+    held: :func:`join`'s pages), every other check stays."""
     view = memoryview(data).cast("B")
     if len(view) < _HEADER.size + _CRC.size:
         raise SnapshotError(f"state of {len(view)} bytes is too short")
@@ -171,17 +192,12 @@ def read(data: bytes | bytearray | memoryview) -> Snapshot:
     table_end = _HEADER.size + n_layers * _LAYER.size
     if len(view) < table_end + _CRC.size:
         raise SnapshotError("state truncated in its layer table")
-    layers = tuple(LayerRows(*_LAYER.unpack_from(view, _HEADER.size + k * _LAYER.size)) for k in range(n_layers))
-    try:
-        name = dtype.rstrip(b"\0").decode("ascii")
-    except UnicodeDecodeError:
-        raise SnapshotError("damaged dtype name") from None
-    geometry = Geometry(dtype=name, permuted_v=bool(flags & _PERMUTED_V), layers=layers)
+    geometry = _geometry(flags, dtype, bytes(view[_HEADER.size : table_end]))
     size = _size(geometry, n)
     if len(view) != size:
         raise SnapshotError(f"state of {len(view)} bytes, its header says {size}")
     end = size - _CRC.size
-    if zlib.crc32(view[:end]) != _CRC.unpack_from(view, end)[0]:
+    if verify and zlib.crc32(view[:end]) != _CRC.unpack_from(view, end)[0]:
         raise SnapshotError("state damaged (checksum)")
     body = np.frombuffer(view, dtype=np.uint8)
     positions = body[table_end : table_end + 4 * n].view("<i4")
@@ -193,11 +209,24 @@ def read(data: bytes | bytearray | memoryview) -> Snapshot:
     return Snapshot(geometry, positions, cells, body[table_end + 8 * n : end])
 
 
-def split(data: bytes | bytearray | memoryview, bounds: Sequence[int]) -> list[bytearray] | None:
+@functools.lru_cache(maxsize=64)
+def _geometry(flags: int, dtype: bytes, table: bytes) -> Geometry:
+    """The geometry a header's flags, dtype and layer table say (one object per distinct header:
+    the pages of a join are read, and compared, once per kind)."""
+    layers = tuple(LayerRows(*_LAYER.unpack_from(table, k * _LAYER.size)) for k in range(len(table) // _LAYER.size))
+    try:
+        name = dtype.rstrip(b"\0").decode("ascii")
+    except UnicodeDecodeError:
+        raise SnapshotError("damaged dtype name") from None
+    return Geometry(dtype=name, permuted_v=bool(flags & _PERMUTED_V), layers=layers)
+
+
+def split(data: bytes | bytearray | memoryview, bounds: Sequence[int],
+          held: Collection[int] = ()) -> list[bytearray | None] | None:
     """The states of positions ``[bounds[i], bounds[i + 1])`` of ``data``, one cache's state of
-    exactly the positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0); their cells stay
-    the ones exported. None when ``data`` is not such a state (a wrapper's, a window that slid,
-    damaged)."""
+    exactly the positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0), None in place of
+    each range whose index is in ``held``; their cells stay the ones exported. None when
+    ``data`` is not such a state (a wrapper's, a window that slid, damaged)."""
     try:
         state = read(data)
     except SnapshotError:
@@ -208,8 +237,11 @@ def split(data: bytes | bytearray | memoryview, bounds: Sequence[int]) -> list[b
     if state.n != n or not np.array_equal(state.positions, np.arange(n)):
         return None
     layers = range(len(state.geometry.layers))
-    parts = []
-    for begin, end in zip(bounds, bounds[1:]):
+    parts: list[bytearray | None] = []
+    for k, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+        if k in held:
+            parts.append(None)
+            continue
         out = Writer(state.geometry, state.positions[begin:end], state.cells[begin:end])
         for i in layers:
             out.k_rows(i)[:] = state.k_rows(i)[begin:end]
@@ -218,11 +250,14 @@ def split(data: bytes | bytearray | memoryview, bounds: Sequence[int]) -> list[b
     return parts
 
 
-def join(parts: Sequence[bytes | bytearray | memoryview]) -> bytearray:
+def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None = None) -> bytearray | memoryview:
     """One state of all the positions ``parts`` hold, in order (what :func:`split` cut, joined
-    back: the same bytes). :class:`SnapshotError` when one is damaged, of another geometry, or
-    the positions do not ascend from part to part."""
-    states = [read(p) for p in parts]
+    back: the same bytes), written into ``into`` when it is large enough and no part lies in it
+    (a view of it is returned; see :class:`Writer`). :class:`SnapshotError` when one is
+    truncated, of another geometry, or the positions do not ascend from part to part. The parts'
+    checksums are not recomputed: they are the prompt store's pages, cut by this process or read
+    from files the disk tier checks; the joined state gets its own."""
+    states = [read(p, verify=False) for p in parts]
     if not states:
         raise SnapshotError("no states to join")
     geometry = states[0].geometry
@@ -231,7 +266,10 @@ def join(parts: Sequence[bytes | bytearray | memoryview]) -> bytearray:
     positions = np.concatenate([s.positions for s in states])
     if len(positions) > 1 and not bool(np.all(positions[1:] > positions[:-1])):
         raise SnapshotError("positions not ascending")
-    out = Writer(geometry, positions, np.concatenate([s.cells for s in states]))
+    if into is not None and any(np.may_share_memory(np.frombuffer(into, np.uint8), np.frombuffer(p, np.uint8))
+                                for p in parts):
+        into = None
+    out = Writer(geometry, positions, np.concatenate([s.cells for s in states]), into)
     for i in range(len(geometry.layers)):
         k, v, at = out.k_rows(i), out.v_rows(i), 0
         for s in states:
@@ -278,7 +316,7 @@ def unpack(data: bytes | bytearray | memoryview, count: int) -> list[memoryview]
 def _layer_rows(rows: np.ndarray, geometry: Geometry, n: int, i: int, value: bool) -> np.ndarray:
     """The K (or with ``value`` the V) rows of layer ``geometry.layers[i]`` in the rows region
     ``rows`` of a state of ``n`` cells (per layer: n K rows, then n V rows): uint8 ``(n, row)``."""
-    start = n * sum(ly.k_row + ly.v_row for ly in geometry.layers[:i])
+    start = n * geometry._starts[i]
     ly = geometry.layers[i]
     if value:
         start += n * ly.k_row

@@ -188,6 +188,10 @@ class DiskStore:
         """Whether the state of exactly ``chain_``'s inputs is indexed, whole or every page."""
         return self._index.holds(chain_)
 
+    def page(self, key: bytes) -> Entry | None:
+        """The page indexed under ``key`` (its file written); None when not."""
+        return self._index.page(key)
+
     def forget(self, refs: Sequence[Ref]) -> None:
         """Remove the files of ``refs`` (their state was refused by the engine), and of the
         pages after them."""
@@ -205,7 +209,7 @@ class DiskStore:
         or a list of the states of its pages (``chain_.pages()``). False when it was dropped (the
         tier is off, or too much is pending). Never blocks."""
         pages = state if isinstance(state, list) else None
-        size = sum(len(p) for p in pages) if pages is not None else len(state)
+        size = _pages_size(pages) if pages is not None else len(state)
         if self.limit <= 0 or chain_.n == 0 or RamStore.cost(chain_, size) > self.limit:
             return False
         with self._idle:
@@ -238,7 +242,7 @@ class DiskStore:
                 log.warning("prompt cache: could not write a state of %d inputs (%s)", chain_.n, err)
             finally:
                 with self._idle:
-                    self._pending_bytes -= sum(len(p) for p in pages) if pages is not None else len(state)
+                    self._pending_bytes -= _pages_size(pages) if pages is not None else len(state)
                     self._idle.notify_all()
 
     def write(self, chain_: Chain, state: Any) -> bool:
@@ -259,15 +263,16 @@ class DiskStore:
 
     def write_pages(self, chain_: Chain, parts: Sequence[Any]) -> int:
         """Write the pages of ``chain_``'s state not on disk yet (``parts[i]``: the state of
-        ``chain_.pages()[i]``) and mark the others used; how many of its pages, from the first,
-        are on disk afterwards (0: too large for the bound). Evicts the least recently used
-        files to stay within it."""
+        ``chain_.pages()[i]``, or None where the caller found it on disk already: a None page
+        that is gone meanwhile ends what is kept) and mark the others used; how many of its
+        pages, from the first, are on disk afterwards (0: too large for the bound). Evicts the
+        least recently used files to stay within it."""
         pages = chain_.pages()
         root = chain_.prefixes[0]
         files = []
         for page, part in zip(pages, parts):
             entry = Entry.of_page(page, chain_.inputs[page.start : page.end], _name(page.key, False), 0)
-            header, size = _header(root, entry, len(part), self.block)
+            header, size = _header(root, entry, 0 if part is None else len(part), self.block)
             files.append((entry, header, size, part))
         if sum(entry.nbytes + size for entry, _, size, _ in files) > self.limit:
             return 0
@@ -276,6 +281,8 @@ class DiskStore:
             if self._index.page(entry.key) is not None:
                 items.append(None)
                 continue
+            if part is None:
+                break  # evicted since the caller looked: the pages after it are unreachable
             self._write_file(entry.state, header, part)
             written.append(entry.state)
             items.append((entry.state, size))
@@ -409,3 +416,8 @@ def _parse(data: bytes | bytearray, name: str, whole: bool = True) -> tuple[dict
     if whole and len(data) != start + header["state_bytes"] + DIGEST:
         raise Damaged("truncated")
     return header, start
+
+
+def _pages_size(pages: Sequence[Any]) -> int:
+    """The bytes of the page states a save queues (None: a page on disk already)."""
+    return sum(len(p) for p in pages if p is not None)

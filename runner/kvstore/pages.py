@@ -19,15 +19,18 @@ its bytes back exactly.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Collection, Protocol, Sequence
 
 
 class Pager(Protocol):
-    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> Sequence[bytes | bytearray] | None:
+    def split_state(self, state: bytes | bytearray, bounds: list[int],
+                    held: Collection[int] = ()) -> Sequence[bytes | bytearray | None] | None:
         """The states of positions ``[bounds[i], bounds[i + 1])`` of ``state``, which holds
-        positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0); None when it does not cut
-        so (then it is kept whole)."""
+        positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0), None in place of each page
+        whose index is in ``held`` (the store has it: only new pages are cut); None when it
+        does not cut so (then it is kept whole)."""
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytes | bytearray:
-        """One state of the positions ``parts`` hold, in order; ValueError when they do not fit
-        together (damage: the store drops them)."""
+    def join_states(self, parts: list[bytes | bytearray]) -> bytes | bytearray | memoryview:
+        """One state of the positions ``parts`` hold, in order, valid until the next join (the
+        engine may reuse its buffer); ValueError when they do not fit together (damage: the
+        store drops them)."""

@@ -119,16 +119,22 @@ class PromptStore:
         if parts is None:
             kept = self.tiers.ram.put(found, state, len(state))
         else:
-            kept = self.tiers.ram.put_pages(found, [(part, len(part)) for part in parts]) > 0
+            kept = self.tiers.ram.put_pages(found, [None if p is None else (p, len(p)) for p in parts]) > 0
         disk = self.tiers.disk
         if disk is not None and not disk.holds(found):
             kept = disk.save_later(found, state if parts is None else parts) or kept
         return kept
 
     def _split(self, found: Chain, state: Any) -> list[Any] | None:
+        """``state`` cut into ``found``'s pages, None in place of each page every tier holds
+        already (a conversation that came back from the store adds only its new pages: cutting
+        the others again is most of a save's time); None when the engine keeps it whole."""
         if self.pager is None:
             return None
-        parts = self.pager.split_state(state, [page.start for page in found.pages()] + [found.n])
+        pages = found.pages()
+        tiers = [t for t in (self.tiers.ram if self.tiers.ram.limit > 0 else None, self.tiers.disk) if t is not None]
+        held = {i for i, page in enumerate(pages) if all(t.page(page.key) is not None for t in tiers)}
+        parts = self.pager.split_state(state, [page.start for page in pages] + [found.n], held)
         return None if parts is None else list(parts)
 
     def lookup(self, prompt: Sequence[Any]) -> Found | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Collection, Protocol, Sequence, Union
 
 if TYPE_CHECKING:
     from ..kvstore.store import PromptStore
@@ -43,11 +43,12 @@ class KvOps(Protocol):
     def can_resume(self, seq: int, pos: int) -> bool:
         """Whether the sequence can continue at ``pos`` with its cached prefix (SWA may say no)."""
 
-    def export_seq(self, seq: int) -> bytes | bytearray | None:
+    def export_seq(self, seq: int) -> bytes | bytearray | memoryview | None:
         """A host copy of everything ``seq`` holds (positions 0..n-1), for :meth:`import_seq`
         into a sequence of this same load (the prompt store's fingerprint keeps it there). Opaque
-        to the caller, which owns it and counts ``len`` bytes for it; None when the engine cannot
-        export (the caller then keeps nothing)."""
+        to the caller, which owns it while it holds a reference and counts ``len`` bytes for it
+        (an engine may reuse the buffer of an export nothing references any more); None when
+        the engine cannot export (the caller then keeps nothing)."""
 
     def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
         """Make ``seq`` hold what :meth:`export_seq` exported, positions included, so decoding
@@ -56,17 +57,20 @@ class KvOps(Protocol):
         cannot import or refuses ``state`` (another layout, damaged): ``seq`` is then empty and
         the caller evaluates the inputs instead."""
 
-    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
+    def split_state(self, state: bytes | bytearray, bounds: list[int],
+                    held: Collection[int] = ()) -> list[bytearray | None] | None:
         """The states of positions ``[bounds[i], bounds[i + 1])`` of ``state``, an
         :meth:`export_seq` of positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0): the
-        prompt store's pages (:class:`runner.kvstore.pages.Pager`). None when ``state`` does not
-        cut so (a sliding window holds only its last cells): the store keeps it whole."""
+        prompt store's pages (:class:`runner.kvstore.pages.Pager`); None in place of page ``i``
+        for each ``i`` in ``held`` (the store has it: not cut). None when ``state`` does not cut
+        so (a sliding window holds only its last cells): the store keeps it whole."""
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
+    def join_states(self, parts: list[bytes | bytearray]) -> bytes | bytearray | memoryview:
         """One state, for :meth:`import_seq`, of the positions ``parts`` hold (states that
         :meth:`split_state` cut, of this load or another with the same ``state_layout``), in
-        order; joining what was split gives its bytes back. ValueError when they do not fit
-        together."""
+        order; joining what was split gives its bytes back. It may be written into a buffer the
+        engine reuses: valid until the next join (a restore imports it at once). ValueError when
+        they do not fit together."""
 
 
 @dataclass(frozen=True)

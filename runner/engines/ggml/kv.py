@@ -18,6 +18,8 @@ state is not cut (the store keeps it whole).
 
 from __future__ import annotations
 
+from typing import Collection
+
 from ...kvcache import Cache, NotSupported, snapshot
 
 
@@ -28,6 +30,7 @@ class CacheKv:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
+        self._joined = bytearray()  # the last joined state: the next join writes into it
 
     @property
     def state_layout(self) -> str:
@@ -59,8 +62,12 @@ class CacheKv:
             return False
         return self.cache.import_seq(seq, state)
 
-    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
-        return snapshot.split(state, bounds)
+    def split_state(self, state: bytes | bytearray, bounds: list[int],
+                    held: Collection[int] = ()) -> list[bytearray | None] | None:
+        return snapshot.split(state, bounds, held)
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
-        return snapshot.join(parts)  # SnapshotError is a ValueError
+    def join_states(self, parts: list[bytes | bytearray]) -> bytearray | memoryview:
+        state = snapshot.join(parts, self._joined)  # SnapshotError is a ValueError
+        if isinstance(state, bytearray):
+            self._joined = state  # the next join writes into it (this one is imported first)
+        return state

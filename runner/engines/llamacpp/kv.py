@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
+from typing import Collection
 
 import llama_cpp as L
 
@@ -76,6 +78,8 @@ class LlamaKv:
         self.ring = per_stream if swa_full else min(per_stream, _pad(self.window + int(L.llama_n_ubatch(ctx)), 256))
         # sequences restored with fillers: the first position that is their own (fillers below)
         self._own: dict[int, int] = {}
+        self._joined = bytearray()  # the last joined state: the next join writes into it
+        self._exported = bytearray()  # the last export's buffer: the next export reuses it if free
 
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         done = bool(L.llama_memory_seq_rm(self.mem, seq, begin, -1 if end is None else end))
@@ -113,12 +117,18 @@ class LlamaKv:
         oldest = self.oldest(seq)
         return 0 <= oldest <= max(0, pos - self.window)
 
-    def export_seq(self, seq: int) -> bytearray | None:
+    def export_seq(self, seq: int) -> bytearray | memoryview | None:
         size = L.llama_state_seq_get_size(self.ctx, seq)
         if size <= 0:
             return None
-        state = bytearray(size)
-        got = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq)
+        # the last export's buffer when nothing holds it any more (the store kept its pages, as
+        # copies): a new 50 MB buffer costs ~13,000 first-touch page faults, more than the copy.
+        # Held (a state kept whole, a caller's view), it stays theirs and a new one is made.
+        if len(self._exported) < size or sys.getrefcount(self._exported) > 2:
+            self._exported = bytearray(size + size // 8)  # room to grow by a turn or two
+        buf = self._exported
+        state = memoryview(buf)[:size]
+        got = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq)
         if got != size:
             log.warning("llama_state_seq_get_data wrote %d of %d bytes for sequence %d", got, size, seq)
             return None
@@ -140,16 +150,21 @@ class LlamaKv:
                         seq, self.ring)
         return self._set(seq, state)
 
-    def split_state(self, state: bytes | bytearray, bounds: list[int]) -> list[bytearray] | None:
-        return kvstate.split(state, bounds)
+    def split_state(self, state: bytes | bytearray, bounds: list[int],
+                    held: Collection[int] = ()) -> list[bytearray | None] | None:
+        return kvstate.split(state, bounds, held)
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytearray:
-        return kvstate.join(parts)
+    def join_states(self, parts: list[bytes | bytearray]) -> bytearray | memoryview:
+        state = kvstate.join(parts, self._joined)
+        if isinstance(state, bytearray):
+            self._joined = state  # the next join writes into it (this one is imported first)
+        return state
 
     def _set(self, seq: int, state: bytes | bytearray) -> bool:
         size = len(state)
         array_type = ctypes.c_uint8 * size
-        buf = array_type.from_buffer(state) if isinstance(state, bytearray) else array_type.from_buffer_copy(state)
+        writable = isinstance(state, bytearray) or (isinstance(state, memoryview) and not state.readonly)
+        buf = array_type.from_buffer(state) if writable else array_type.from_buffer_copy(state)
         if L.llama_state_seq_set_data(self.ctx, buf, size, seq) != size:
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)  # a failed read may have left some cells
             return False

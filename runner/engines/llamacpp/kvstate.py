@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from typing import Collection
 
 import numpy as np
 
@@ -141,12 +142,14 @@ def _one_stream(state: bytes | bytearray | memoryview) -> tuple[memoryview, int,
 
 
 def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarray, stream: _Stream,
-           k: list[list[np.ndarray]], v: list[list[np.ndarray]]) -> bytearray:
+           k: list[list[np.ndarray]], v: list[list[np.ndarray]],
+           into: bytearray | None = None) -> bytearray | memoryview:
     """A one-section state: ``head`` (magic, sequence id), ``n_stream`` streams of which
     ``index`` holds cells at ``positions`` with ``stream``'s layer headers, and per layer the K
     and V rows of those cells as pieces ``k[layer]``/``v[layer]``, cells one piece after another
     (shaped as :class:`_Stream` holds rows: ``(cells, bytes)``, transposed V
-    ``(width, cells, element)``). Written into one buffer, each byte once."""
+    ``(width, cells, element)``). Written into one buffer, each byte once: the start of ``into``
+    when it is large enough (a view of it is returned), else a new one."""
     count = len(positions)
     meta = np.stack([positions, np.ones(count, np.int64), np.full(count, seq, np.int64)], axis=1)
     start = [head, struct.pack("<I", n_stream), struct.pack("<I", 0) * index, struct.pack("<I", count),
@@ -154,7 +157,13 @@ def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarr
     layers = [(header, pieces) for (header, _), pieces in zip(stream.k, k)]
     layers += [(header, pieces) for (header, _), pieces in zip(stream.v, v)]
     size = sum(len(x) for x in start) + sum(len(h) + sum(p.nbytes for p in pieces) for h, pieces in layers)
-    out = bytearray(size + 4 * (n_stream - index - 1))  # the streams after: 0 cells each
+    total = size + 4 * (n_stream - index - 1)  # the streams after: 0 cells each
+    out: bytearray | memoryview
+    if into is not None and len(into) >= total:
+        out = memoryview(into)[:total]
+        out[size:] = bytes(total - size)
+    else:
+        out = bytearray(total)
     body = np.frombuffer(out, dtype=np.uint8)
     at = 0
     for x in start:
@@ -168,50 +177,132 @@ def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarr
             width, _, el = pieces[0].shape
             np.concatenate(pieces, axis=1, out=body[at : at + n].reshape(width, count, el))
         elif count:
-            np.concatenate(pieces, axis=0, out=body[at : at + n].reshape(count, -1))
+            np.concatenate([p.reshape(-1) for p in pieces], out=body[at : at + n])
         at += n
     return out
 
 
-def split(state: bytes | bytearray | memoryview, bounds: list[int]) -> list[bytearray] | None:
+def split(state: bytes | bytearray | memoryview, bounds: list[int],
+          held: Collection[int] = ()) -> list[bytearray | None] | None:
     """The states of positions ``[bounds[i], bounds[i + 1])`` of ``state``, a sequence state
     holding exactly positions ``0..bounds[-1]-1`` in cell order, in one stream of one KV cache
-    (``bounds`` ascending from 0). None for any other state (a sliding window's, a slot whose
-    cells a context shift reordered, another format): it is kept whole."""
+    (``bounds`` ascending from 0); None in place of each range whose index is in ``held``. None
+    for any other state (a sliding window's, a slot whose cells a context shift reordered,
+    another format): it is kept whole."""
     try:
         data, n_stream, index, stream = _one_stream(state)
     except (ValueError, struct.error):
         return None
     if len(bounds) < 2 or bounds[0] != 0 or not np.array_equal(stream.positions, np.arange(bounds[-1])):
         return None
-    parts = []
-    for begin, end in zip(bounds, bounds[1:]):
+    parts: list[bytearray | None] = []
+    for i, (begin, end) in enumerate(zip(bounds, bounds[1:])):
+        if i in held:
+            parts.append(None)
+            continue
         k = [[rows[begin:end]] for _, rows in stream.k]
         v = [[rows[:, begin:end] if stream.v_trans else rows[begin:end]] for _, rows in stream.v]
         parts.append(_state(bytes(data[:8]), n_stream, index, stream.seq, stream.positions[begin:end], stream, k, v))
     return parts
 
 
-def join(parts: list[bytes | bytearray | memoryview]) -> bytearray:
+def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = None) -> bytearray | memoryview:
     """One state of all the cells ``parts`` hold, in order (what :func:`split` cut, joined back:
     the same bytes), in the first part's stream and sequence id. ValueError when a part is not a
     one-stream state, the parts' layouts differ (streams, V layout, layer headers) or their
-    positions do not ascend."""
-    read = [_one_stream(p) for p in parts]
-    if not read:
+    positions do not ascend.
+
+    Every part of one cell count lies out its bytes alike, so only the first part of each count
+    is parsed (:class:`_Layout`); the others are checked against it (their size, and every header
+    byte at once) and their rows taken at its offsets: a page costs a few views, not a parse.
+
+    ``into``: a buffer to write the state into when it is large enough (and no part lies in it):
+    a view of its start is returned. A restore's state is read once, by the import, so the
+    caller reuses one buffer, whose pages the system has handed out already: a new buffer of
+    a 50 MB state costs ~13,000 first-touch page faults, more than the copy itself."""
+    if not parts:
         raise ValueError("no states to join")
-    data, n_stream, index, first = read[0]
-    heads = ([h for h, _ in first.k], [h for h, _ in first.v], first.v_trans)
-    for _, n, _, s in read[1:]:
-        if n != n_stream or ([h for h, _ in s.k], [h for h, _ in s.v], s.v_trans) != heads:
-            raise ValueError("states of different layouts")
-    streams = [s for _, _, _, s in read]
-    positions = np.concatenate([s.positions for s in streams]).astype(np.int64)
-    if len(positions) > 1 and not bool(np.all(positions[1:] > positions[:-1])):
+    data, n_stream, index, first = _one_stream(parts[0])
+    heads = _Layout.of(data, first).heads
+    layouts: dict[tuple[int, int], _Layout] = {}  # by (stream, cells): a part's may be any stream
+    positions, k, v = [], [[] for _ in first.k], [[] for _ in first.v]
+    for part in parts:
+        body = np.frombuffer(part, dtype=np.uint8)
+        if len(body) < 12 + 4 * n_stream:
+            raise ValueError("truncated state")
+        counts = body[12 : 12 + 4 * n_stream].view("<u4")  # stream count u32, then the streams' cell counts
+        held = np.flatnonzero(counts)
+        key = (int(held[0]), int(counts[held[0]])) if len(held) else (-1, 0)
+        layout = layouts.get(key)
+        if layout is None:
+            stream_count, i, stream = _one_stream(part)[1:]
+            layout = _Layout.of(memoryview(part).cast("B"), stream)
+            if stream_count != n_stream or layout.heads != heads:
+                raise ValueError("states of different layouts")
+            layouts[(i, len(stream.positions))] = layout
+        positions.append(layout.cells(body))
+        for layer, at in enumerate(layout.k_at):
+            k[layer].append(body[at : at + layout.k_bytes[layer]])
+        for layer, at in enumerate(layout.v_at):
+            piece = body[at : at + layout.v_bytes[layer]]
+            v[layer].append(piece.reshape(layout.v_shape[layer]) if first.v_trans else piece)
+    cells = np.concatenate(positions).astype(np.int64)
+    if len(cells) > 1 and not bool(np.all(cells[1:] > cells[:-1])):
         raise ValueError("positions not ascending")
-    k = [[s.k[layer][1] for s in streams] for layer in range(len(first.k))]
-    v = [[s.v[layer][1] for s in streams] for layer in range(len(first.v))]
-    return _state(bytes(data[:8]), n_stream, index, first.seq, positions, first, k, v)
+    if into is not None and any(np.may_share_memory(np.frombuffer(into, np.uint8), np.frombuffer(p, np.uint8))
+                                for p in parts):
+        into = None
+    return _state(bytes(data[:8]), n_stream, index, first.seq, cells, first, k, v, into)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a one-stream state of a given cell count keeps its parts: the offsets of its cells'
+    triples and of each layer's rows, and its header bytes (everything but cells and rows), so
+    another state of that count is checked with one comparison and read by slicing."""
+
+    size: int
+    meta_at: int
+    count: int
+    k_at: tuple[int, ...]
+    k_bytes: tuple[int, ...]
+    v_at: tuple[int, ...]
+    v_bytes: tuple[int, ...]
+    v_shape: tuple[tuple[int, ...], ...]
+    head_index: np.ndarray  # the offsets of every header byte (the layer headers and the prefix)
+    head_bytes: np.ndarray
+    heads: tuple  # the layer headers and V layout, to compare layouts of different counts
+
+    @staticmethod
+    def of(data: memoryview, stream: _Stream) -> "_Layout":
+        base = np.frombuffer(data, dtype=np.uint8)
+
+        def at(a: np.ndarray) -> int:  # where a view into ``data`` starts
+            return a.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+
+        count = len(stream.positions)
+        meta_at = at(stream.positions) if count else 0
+        k_at = tuple(at(rows) for _, rows in stream.k)
+        v_at = tuple(at(rows) for _, rows in stream.v)
+        head = np.ones(len(base), dtype=bool)
+        head[4:8] = False  # the sequence id the part was exported from
+        head[meta_at : meta_at + 12 * count] = False
+        for a, (_, rows) in zip(k_at + v_at, stream.k + stream.v):
+            head[a : a + rows.nbytes] = False
+        index = np.nonzero(head)[0]
+        heads = (tuple(h for h, _ in stream.k), tuple(h for h, _ in stream.v), stream.v_trans)
+        return _Layout(len(base), meta_at, count, k_at, tuple(r.nbytes for _, r in stream.k), v_at,
+                       tuple(r.nbytes for _, r in stream.v), tuple(r.shape for _, r in stream.v),
+                       index, base[index].copy(), heads)
+
+    def cells(self, body: np.ndarray) -> np.ndarray:
+        """The positions of ``body``, a state of this layout; ValueError when it is not one."""
+        if len(body) != self.size or not np.array_equal(body[self.head_index], self.head_bytes):
+            raise ValueError("states of different layouts")
+        meta = body[self.meta_at : self.meta_at + 12 * self.count].view("<i4").reshape(self.count, 3)
+        if not (meta[:, 1] == 1).all() or not (meta[:, 2] == meta[0, 2]).all():
+            raise ValueError("not one sequence's cells")
+        return meta[:, 0]
 
 
 def relay_window(state: bytes | bytearray, ring: int) -> tuple[bytes | bytearray, int] | None:
