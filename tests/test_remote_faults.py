@@ -330,3 +330,16 @@ def test_each_upstream_gets_its_own_key_and_a_refused_one_is_named_not_shown():
             seen.append(server.log())
             seen += [p.read_bytes().decode("utf-8", "replace") for p in server.models.rglob("*") if p.is_file()]
             assert not [text for text in seen for key in keys if key in text]
+
+
+def test_a_key_wanted_and_none_set_says_which_variables_would_give_it(tmp_path, broken):
+    cfg = config.load({"OLLAMA_MODELS": str(tmp_path / "models"), "POLLAMA_REMOTE_API_KEYS": "other-box=sk-x"})
+    broken.mode, broken.key = "ok", "sk-wanted"
+    try:
+        with pytest.raises(UpstreamError) as err:
+            list(create(cfg, CreateSpec(model="rem", remote=RemoteSpec([broken.url], ""))))
+    finally:
+        broken.key = None
+    assert err.value.status == 401 and broken.url in str(err.value) and broken.auth[-1] == ""
+    assert str(err.value).endswith(f"(set POLLAMA_REMOTE_API_KEY, or 127.0.0.1:{broken.port}=KEY in "
+                                   "POLLAMA_REMOTE_API_KEYS)")
