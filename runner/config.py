@@ -266,10 +266,10 @@ def parse_remotes(raw: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-_HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
-# What an Authorization header can carry of a key: visible ASCII, no space (nor a comma, which
-# ends a POLLAMA_REMOTE_API_KEYS entry).
-_KEY = re.compile(r"^[\x21-\x7e]+$")
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+# What an Authorization header can carry of a key: visible ASCII, no space. (A key in
+# POLLAMA_REMOTE_API_KEYS cannot hold a comma either: the comma ends its entry.)
+_KEY = re.compile(r"[\x21-\x7e]+")
 
 
 def _normal_host(host: str) -> str:
@@ -287,13 +287,13 @@ def _normal_host(host: str) -> str:
         host = host.encode("idna").decode("ascii")
     except UnicodeError:
         return ""
-    return host if len(host) <= 253 and _HOST_NAME.match(host) else ""
+    return host if len(host) <= 253 and _HOST_NAME.fullmatch(host) else ""
 
 
 def check_api_key(key: str, name: str) -> str:
     """``key`` when an Authorization header can carry it; else a ConfigError naming ``name``
     (the variable or entry), never the key."""
-    if key and not _KEY.match(key):
+    if key and not _KEY.fullmatch(key):
         raise ConfigError(f"{name}: the key holds a space or a character other than visible ASCII")
     return key
 
