@@ -227,10 +227,15 @@ from . import store_cmds  # noqa: E402,F401  (registers pull, push, create, cp, 
 def main() -> None:
     """The ``pollama`` command. ``--think=LEVEL`` is Ollama's spelling of an optional value, which
     click cannot parse without eating the next word (the prompt) after a bare ``--think``: it is
-    passed on as ``--think-level``. Under ``python -m cli.main`` this module is ``__main__``; its
-    commands register on :data:`cli.app.app` all the same, the one app called here."""
+    passed on as ``--think-level``. A malformed environment variable (whichever command reads it
+    first) ends the command with one line naming it. Under ``python -m cli.main`` this module is
+    ``__main__``; its commands register on :data:`cli.app.app` all the same, the one app called here."""
     args = [("--think-level=" + a[len("--think="):]) if a.startswith("--think=") else a for a in sys.argv[1:]]
-    app(args=args, prog_name="pollama")
+    try:
+        app(args=args, prog_name="pollama")
+    except config.ConfigError as err:  # a malformed environment variable: one line, not a traceback
+        render.error(str(err))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

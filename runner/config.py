@@ -7,10 +7,12 @@ a warning. Call :func:`load` each time: the environment is read fresh, nothing i
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -35,6 +37,34 @@ DEFAULT_CACHE_DIR = "~/.pollama/cache"  # POLLAMA_CACHE_DIR (read at each load: 
 DEFAULT_REMOTE_TIMEOUT = 600.0
 # POLLAMA_REMOTE_PARALLEL: requests one replica of a remote model serves at once; more wait
 DEFAULT_REMOTE_PARALLEL = 16
+
+
+class ConfigError(ValueError):
+    """An environment variable whose value cannot be used, where a default would be wrong (a
+    server address, an API key). The message is one line naming the variable and never holds a
+    secret; the CLI prints it and exits."""
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """One ``POLLAMA_REMOTE_API_KEYS`` entry: the API key for a host on one port, or on any
+    port (``port`` None). ``host`` is lowercase, IDNA-encoded, without brackets or a final dot."""
+
+    host: str
+    port: int | None
+    key: str = field(repr=False)
+
+    def __str__(self) -> str:  # the entry as a message may name it: never the key
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port is None else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """The API key a remote model's upstream gets, and where it came from (for messages)."""
+
+    value: str = field(repr=False)
+    source: str  # "POLLAMA_REMOTE_API_KEYS entry gpu-box:8000" or "POLLAMA_REMOTE_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -70,10 +100,25 @@ class Config:
     # Modelfile are the user's own choice and need no entry.
     remotes: tuple[str, ...] = ()
     # POLLAMA_REMOTE_API_KEY: sent as "Authorization: Bearer ..." to every remote model's
-    # upstream; read here, never written to the store
-    remote_api_key: str = ""
+    # upstream that POLLAMA_REMOTE_API_KEYS gives no key of its own; read here, never written to
+    # the store, never in a repr (so never in a log line)
+    remote_api_key: str = field(default="", repr=False)
+    # POLLAMA_REMOTE_API_KEYS: per-host keys, "HOST[:PORT]=KEY,..." (see parse_remote_api_keys)
+    remote_api_keys: tuple[HostKey, ...] = field(default=(), repr=False)
     remote_timeout: float = DEFAULT_REMOTE_TIMEOUT  # POLLAMA_REMOTE_TIMEOUT
     remote_parallel: int = DEFAULT_REMOTE_PARALLEL  # POLLAMA_REMOTE_PARALLEL
+
+    def remote_key(self, host: str, port: int) -> ApiKey | None:
+        """The API key for an upstream at ``host`` (as in its URL, any case) and ``port`` (the
+        URL's, or its scheme's default: 80, 443): the ``POLLAMA_REMOTE_API_KEYS`` entry for that
+        host and port, else the entry for that host without a port, else ``POLLAMA_REMOTE_API_KEY``;
+        None when none is set."""
+        host = _normal_host(host)
+        for wanted in (port, None):
+            for entry in self.remote_api_keys:
+                if entry.host == host and entry.port == wanted:
+                    return ApiKey(entry.key, f"POLLAMA_REMOTE_API_KEYS entry {entry}")
+        return ApiKey(self.remote_api_key, "POLLAMA_REMOTE_API_KEY") if self.remote_api_key else None
 
     @property
     def cache_ram_bytes(self) -> int:
@@ -170,7 +215,7 @@ def parse_host(raw: str) -> tuple[str, int]:
     try:
         port = int(port_text) if port_text else default_port
     except ValueError:
-        raise ValueError(f"invalid OLLAMA_HOST {raw!r}") from None
+        raise ConfigError(f"invalid OLLAMA_HOST {raw!r}") from None
     return host, port
 
 
@@ -218,6 +263,93 @@ def parse_remotes(raw: str) -> tuple[str, ...]:
             host = host.partition(":")[0]
         if host and host not in out:
             out.append(host)
+    return tuple(out)
+
+
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+# What an Authorization header can carry of a key: visible ASCII, no space. (A key in
+# POLLAMA_REMOTE_API_KEYS cannot hold a comma either: the comma ends its entry.)
+_KEY = re.compile(r"[\x21-\x7e]+")
+
+
+def _normal_host(host: str) -> str:
+    """A host as keys are matched: lowercase, IDNA-encoded, an IP address in its short form, no
+    brackets or final dot; "" when it is neither a host name nor an IP address."""
+    host = host.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass
+    host = host.rstrip(".")
+    try:
+        host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        return ""
+    return host if len(host) <= 253 and _HOST_NAME.fullmatch(host) else ""
+
+
+def check_api_key(key: str, name: str) -> str:
+    """``key`` when an Authorization header can carry it; else a ConfigError naming ``name``
+    (the variable or entry), never the key."""
+    if key and not _KEY.fullmatch(key):
+        raise ConfigError(f"{name}: the key holds a space or a character other than visible ASCII")
+    return key
+
+
+def _split_host_port(where: str) -> tuple[str, str | None]:
+    """``host:port``, ``[v6]:port``, ``[v6]``, a bare IPv6 address or a host: (host, the port's
+    text or None when there is none)."""
+    if where.startswith("["):
+        host, bracket, rest = where[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return "", None
+        return host, (rest[1:] if rest else None)
+    if where.count(":") == 1:
+        host, _, port = where.partition(":")
+        return host, port
+    return where, None
+
+
+def parse_remote_api_keys(raw: str) -> tuple[HostKey, ...]:
+    """``POLLAMA_REMOTE_API_KEYS``: per-host API keys for remote models' upstreams, as
+    ``HOST[:PORT]=KEY`` entries separated by commas (``gpu-box:8000=sk-abc,api.example.com=sk-def``).
+
+    ``HOST`` is written as in the ``FROM`` URL (a name, an IPv4 address, or an IPv6 one in
+    brackets, ``[::1]:8000``) and matched without regard to case. ``HOST:PORT`` is the key for
+    that port (a URL without a port has its scheme's: 80 for http, 443 for https); ``HOST``
+    alone, for any port of that host where no ``HOST:PORT`` entry says otherwise. The key is
+    everything after the first ``=``. Raises ConfigError for a malformed entry, naming it by its
+    place and host, never by its key.
+    """
+    out: list[HostKey] = []
+    name = "POLLAMA_REMOTE_API_KEYS"
+    entries = [e.strip() for e in raw.split(",")]
+    for i, entry in enumerate((e for e in entries if e), start=1):
+        where, sep, key = entry.partition("=")
+        where, key = where.strip(), key.strip()
+        if not sep:
+            raise ConfigError(f"{name}: entry {i} has no '=': use HOST[:PORT]=KEY, comma-separated")
+        if not where:
+            raise ConfigError(f"{name}: entry {i} names no host: use HOST[:PORT]=KEY")
+        if "://" in where or "/" in where:
+            raise ConfigError(f"{name}: entry {i}: {where!r} is not HOST[:PORT] (no scheme or path)")
+        host, port_text = _split_host_port(where)
+        port = None
+        if port_text is not None:
+            if not (port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536):
+                raise ConfigError(f"{name}: entry {i}: {where!r} has no port 1-65535 after its ':'")
+            port = int(port_text)
+        normal = _normal_host(host)
+        if not normal:
+            raise ConfigError(f"{name}: entry {i}: {where!r} is not HOST[:PORT] (a host name or IP address)")
+        if not key:
+            raise ConfigError(f"{name}: entry {i} ({where}) has an empty key")
+        check_api_key(key, f"{name} entry {i} ({where})")
+        if any(e.host == normal and e.port == port for e in out):
+            raise ConfigError(f"{name}: entry {i} ({where}) names the host and port of an earlier entry")
+        out.append(HostKey(normal, port, key))
     return tuple(out)
 
 
@@ -276,7 +408,8 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
         gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
         remotes=parse_remotes(_clean(env, "OLLAMA_REMOTES")),
-        remote_api_key=_clean(env, "POLLAMA_REMOTE_API_KEY"),
+        remote_api_key=check_api_key(_clean(env, "POLLAMA_REMOTE_API_KEY"), "POLLAMA_REMOTE_API_KEY"),
+        remote_api_keys=parse_remote_api_keys(_clean(env, "POLLAMA_REMOTE_API_KEYS")),
         remote_timeout=_positive_duration(env, "POLLAMA_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT),
         remote_parallel=_uint(env, "POLLAMA_REMOTE_PARALLEL", DEFAULT_REMOTE_PARALLEL) or DEFAULT_REMOTE_PARALLEL,
     )

@@ -13,7 +13,9 @@ A real HTTP server (``http.server`` in a thread). ``GET /v1/models`` lists one m
 - ``not_found``: OpenAI's 404 error body; ``server_error``: a 500;
 - ``truncated``: content chunks, then the stream closes without a finish or ``[DONE]``.
 
-Each request's path and JSON body is kept in :attr:`requests`.
+Each request's path and JSON body is kept in :attr:`requests`, its ``Authorization`` header (""
+when none) in :attr:`auth`. With :attr:`key` set, a request without ``Bearer KEY`` gets OpenAI's
+401, whose message (as a careless server's would) repeats the token it was sent.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class BrokenUpstream:
     def __init__(self, mode: str = "ok") -> None:
         self.mode = mode
         self.requests: list[tuple[str, Any]] = []
+        self.auth: list[str] = []
+        self.key: str | None = None
         self.stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
 
@@ -53,8 +57,20 @@ class BrokenUpstream:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def refused(self) -> bool:
+                """Whether the request lacks the key (then it has its 401)."""
+                sent = self.headers.get("authorization") or ""
+                upstream.auth.append(sent)
+                if upstream.key is None or sent == f"Bearer {upstream.key}":
+                    return False
+                self._json(401, {"error": {"message": f"Incorrect API key provided: {sent.removeprefix('Bearer ')}",
+                                           "type": "invalid_request_error", "code": "invalid_api_key"}})
+                return True
+
             def do_GET(self) -> None:
                 upstream.requests.append((self.path, None))
+                if self.refused():
+                    return
                 if self.path == "/v1/models":
                     self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model",
                                                                  "max_model_len": 2048}]})
@@ -65,6 +81,8 @@ class BrokenUpstream:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"null")
                 upstream.requests.append((self.path, body))
+                if self.refused():
+                    return
                 mode = upstream.mode
                 if mode == "hang":
                     upstream.stopping.wait(60)

@@ -6,6 +6,8 @@ byte hands the request to another. Also: a pulled model may name only OLLAMA_REM
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -20,7 +22,7 @@ from runner.api import InvalidRequest, Message, Request, UpstreamError
 from runner.remote.upstream import RemoteSpec
 from runner.store.create import CreateSpec, create
 from runner.store.pull import pull
-from serverproc import ServerProcess, free_port
+from serverproc import ROOT, ServerProcess, free_port
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +275,71 @@ def test_every_generation_api_reaches_the_upstream(front, broken):
         assert sent["messages"][-1] == {"role": "user", "content": "hi"}, path
     r = httpx.post(front.url + "/v1/embeddings", json={"model": "rem", "input": "a"}, timeout=30)
     assert r.status_code == 200 and r.json()["data"][0]["embedding"] == [0.6, 0.8]
+
+
+# ------------------------------------------------------------------------------ API keys
+def test_each_upstream_gets_its_own_key_and_a_refused_one_is_named_not_shown():
+    """Three key-checking upstreams behind one server: two with POLLAMA_REMOTE_API_KEYS entries
+    (one by host and port; one by host alone, written in another case than its FROM URL), one
+    with the global POLLAMA_REMOTE_API_KEY. Each gets only its own key, at create (the model
+    list) and at each request; a refused key is the upstream's 401 in each API's shape, naming
+    the upstream and where the key came from, and no key shows in an answer, the log or the store."""
+    keys = ("sk-a-1111", "sk-b-2222", "sk-global-3333")
+    with BrokenUpstream() as a, BrokenUpstream() as b, BrokenUpstream() as c:
+        a.key, b.key, c.key = keys
+        env = {"POLLAMA_REMOTE_TIMEOUT": "5", "OLLAMA_DEBUG": "1", "POLLAMA_REMOTE_API_KEY": keys[2],
+               "POLLAMA_REMOTE_API_KEYS": f"127.0.0.1:{a.port}={keys[0]}, localhost={keys[1]}"}
+        froms = {"ka": a.url, "kb": f"http://LocalHost:{b.port}/v1", "kc": c.url}
+        with ServerProcess(env=env) as server:
+            for name, url in froms.items():
+                r = httpx.post(server.url + "/api/create", json={"model": name, "from": url, "stream": False},
+                               timeout=30)
+                assert r.status_code == 200, r.text
+                r = httpx.post(server.url + "/api/chat", timeout=30, json={
+                    "model": name, "messages": [{"role": "user", "content": "hi"}], "stream": False})
+                assert r.status_code == 200 and r.json()["message"]["content"] == "Hello world", r.text
+            assert set(a.auth) == {f"Bearer {keys[0]}"} and set(b.auth) == {f"Bearer {keys[1]}"}
+            assert set(c.auth) == {f"Bearer {keys[2]}"} and len(c.auth) == 2  # /v1/models, the chat
+
+            c.key = a.key = "sk-rotated"
+            r = httpx.post(server.url + "/api/chat", timeout=30, json={
+                "model": "kc", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+            assert r.status_code == 401
+            message = r.json()["error"]
+            assert message.startswith(f"upstream {c.url} answered 401: Incorrect API key provided: ***")
+            assert message.endswith("(pollama sent the key from POLLAMA_REMOTE_API_KEY)")
+            r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={
+                "model": "ka", "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 401 and a.url in r.json()["error"]["message"]
+            assert f"POLLAMA_REMOTE_API_KEYS entry 127.0.0.1:{a.port}" in r.json()["error"]["message"]
+            r = httpx.post(server.url + "/v1/messages", timeout=30, json={
+                "model": "ka", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 401 and r.json()["type"] == "error" and a.url in r.json()["error"]["message"]
+            r = httpx.post(server.url + "/api/chat", timeout=30, json={
+                "model": "kb", "messages": [{"role": "user", "content": "hi"}], "stream": False})
+            assert r.status_code == 200  # b's key was not rotated
+
+            seen = [httpx.post(server.url + "/api/show", json={"model": name}, timeout=10).text for name in froms]
+            seen += [httpx.get(server.url + path, timeout=10).text for path in ("/api/tags", "/api/ps")]
+            for args in (["show", "ka"], ["show", "--modelfile", "kb"], ["show", "-v", "kc"]):
+                shown = subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args], cwd=ROOT,
+                                       env=dict(server.env, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                                       timeout=120, stdin=subprocess.DEVNULL)
+                assert shown.returncode == 0 and "/v1" in shown.stdout, shown.stderr
+                seen += [shown.stdout, shown.stderr]
+            seen.append(server.log())
+            seen += [p.read_bytes().decode("utf-8", "replace") for p in server.models.rglob("*") if p.is_file()]
+            assert not [text for text in seen for key in keys if key in text]
+
+
+def test_a_key_wanted_and_none_set_says_which_variables_would_give_it(tmp_path, broken):
+    cfg = config.load({"OLLAMA_MODELS": str(tmp_path / "models"), "POLLAMA_REMOTE_API_KEYS": "other-box=sk-x"})
+    broken.mode, broken.key = "ok", "sk-wanted"
+    try:
+        with pytest.raises(UpstreamError) as err:
+            list(create(cfg, CreateSpec(model="rem", remote=RemoteSpec([broken.url], ""))))
+    finally:
+        broken.key = None
+    assert err.value.status == 401 and broken.url in str(err.value) and broken.auth[-1] == ""
+    assert str(err.value).endswith(f"(set POLLAMA_REMOTE_API_KEY, or 127.0.0.1:{broken.port}=KEY in "
+                                   "POLLAMA_REMOTE_API_KEYS)")

@@ -11,7 +11,9 @@
 - **Errors** name the upstream: :class:`Unreachable` (no connection, or no answer before the
   timeout: the replica is down), :class:`Failed` (its 5xx: try another), and an
   :class:`~runner.api.UpstreamError` with the upstream's own 4xx status for a request it refused.
-- The API key (``POLLAMA_REMOTE_API_KEY``) is sent as a bearer token; nothing is stored.
+- The API key is sent as a bearer token: the upstream's own from ``POLLAMA_REMOTE_API_KEYS``,
+  else ``POLLAMA_REMOTE_API_KEY`` (:meth:`runner.config.Config.remote_key`); nothing is stored,
+  and no message names the key, only where it came from.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ class Connection:
     def __init__(self, upstream: Upstream, cfg: _config.Config) -> None:
         self.upstream = upstream
         headers = {"Accept": "application/json, text/event-stream, application/x-ndjson"}
-        if cfg.remote_api_key:
-            headers["Authorization"] = f"Bearer {cfg.remote_api_key}"
+        _, host, port = upstream.origin
+        self.key = cfg.remote_key(host, port)
+        if self.key is not None:
+            headers["Authorization"] = f"Bearer {self.key.value}"
         self._client = httpx.Client(
             timeout=httpx.Timeout(cfg.remote_timeout, connect=CONNECT_TIMEOUT),
             follow_redirects=False, headers=headers,
@@ -131,11 +135,18 @@ class Connection:
         except UpstreamError:
             data = b""
         message = error_message(data) or response.reason_phrase or "no message"
+        if self.key is not None:  # an upstream that echoes the key it refused must not spread it
+            message = message.replace(self.key.value, "***")
         text = f"upstream {self.upstream} answered {status}: {message}"
         if status >= 500:
             return Failed(text)
         if status in (401, 403):
-            hint = " (set POLLAMA_REMOTE_API_KEY)" if "Authorization" not in self._client.headers else ""
+            if self.key is None:
+                _, host, port = self.upstream.origin
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                hint = f" (set POLLAMA_REMOTE_API_KEY, or {where}=KEY in POLLAMA_REMOTE_API_KEYS)"
+            else:
+                hint = f" (pollama sent the key from {self.key.source})"
             return UpstreamError(text + hint, status)
         return UpstreamError(text, status if 400 <= status < 500 else 502)
 

@@ -11,7 +11,8 @@ The store records them as Ollama records its cloud models, in the manifest's con
 ``remote_host`` (the first replica's URL) and ``remote_model`` (the model's name upstream), plus
 pollama's ``remote_hosts`` (every replica), ``capabilities``, ``context_length`` and
 ``embedding_length`` as read from the upstream at create time. No credential is ever stored: a
-URL with a user or password is refused, and the API key comes from ``POLLAMA_REMOTE_API_KEY``.
+URL with a user or password is refused, and the API key comes from the environment
+(``POLLAMA_REMOTE_API_KEYS`` per host, else ``POLLAMA_REMOTE_API_KEY``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class Upstream:
             raise InvalidRequest(f"invalid remote URL {raw!r}: use http(s)://host[:port][/v1]")
         if parts.username is not None or parts.password is not None:
             raise InvalidRequest(f"remote URL {_without_userinfo(parts)!r} holds credentials: the store never keeps "
-                                 "them; put the API key in POLLAMA_REMOTE_API_KEY instead")
+                                 "them; put the API key in POLLAMA_REMOTE_API_KEY (or HOST[:PORT]=KEY in "
+                                 "POLLAMA_REMOTE_API_KEYS) instead")
         if parts.query or parts.fragment:
             raise InvalidRequest(f"invalid remote URL {raw!r}: no query or fragment, only http(s)://host[:port][/path]")
         if any(c.isspace() or ord(c) < 32 for c in raw):
