@@ -100,8 +100,11 @@ def old_engine(gpu_build: bool) -> None:
                           f"num_gpu 10 should offload {wanted} layers: {entry['devices']}, {shown}")
         except Exception as err:  # a crash of the check itself: say it, with the server's log
             check(False, f"{type(err).__name__}: {err}")
-        if failures:
-            print("\nserver log (tail):\n" + "\n".join(server.log().splitlines()[-30:]))
+        if failures:  # with the stacks of its threads if it still runs (a load stuck in a driver)
+            alive = server.proc is not None and server.proc.poll() is None
+            server.dump_stacks()
+            print(f"\nserver {'still running' if alive else f'ended with {server.proc.returncode}'}; "
+                  "its log (tail):\n" + "\n".join(server.log().splitlines()[-60:]))
     print("\n| num_gpu | devices | size | size_vram | PROCESSOR | decode tok/s | greedy text = num_gpu 0's |")
     print("|---:|---|---:|---:|---|---:|---|")
     cpu_text = texts.get(0, "")
