@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import math
+import signal
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -68,6 +69,10 @@ def serve() -> None:
     # a native crash (llama.cpp, GGML, a GPU driver) ends the process without a Python error: the
     # log then at least shows which Python code called into the library (Ollama logs a stack too)
     faulthandler.enable()
+    # and a hung one (a load stuck in a driver) is told from a dead one: SIGUSR1 logs every
+    # thread's Python stack and the server goes on (tests/serverproc.py sends it before a kill)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         run_server(cfg)
     except OSError as err:

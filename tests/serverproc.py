@@ -80,6 +80,13 @@ class ServerProcess:
         except OSError:
             return ""
 
+    def dump_stacks(self) -> None:
+        """Have a running server log every thread's Python stack (``pollama serve`` registers
+        faulthandler for SIGUSR1): what a hung server was doing, before it is killed."""
+        if self.proc is not None and self.proc.poll() is None and hasattr(signal, "SIGUSR1"):
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None:
             return None
@@ -88,6 +95,7 @@ class ServerProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                self.dump_stacks()
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()

@@ -4,12 +4,18 @@ This machine and CI run llama-cpp-python's CPU build: every load here must read 
 nothing on a GPU, whatever ``num_gpu`` and ``main_gpu`` say; on a GPU build the same tests check
 that ``num_gpu`` 0 keeps a model on the CPU and that what the engine was given is what is
 reported. bench/gpu_check.py is the check on a GPU.
+
+``POLLAMA_TEST_GPU_LIB`` names the lib folder of a GPU build of the pinned llama.cpp (the folder
+``LLAMA_CPP_LIB_PATH`` would name): the served offload test then runs on it. On a machine without a
+GPU, ``bash bench/vulkan_build.sh`` makes one whose Vulkan backend runs on Mesa's lavapipe (with
+``GGML_VK_VISIBLE_DEVICES=0``, which lets GGML use a Vulkan device of type CPU).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +34,7 @@ from serverproc import ROOT, ServerProcess
 from test_cli import run_cli
 
 CPU_BUILD = not L.llama_supports_gpu_offload()
+GPU_LIB = os.environ.get("POLLAMA_TEST_GPU_LIB")
 
 
 def _greedy(r) -> str:
@@ -144,3 +151,46 @@ def test_show_and_verbose_say_the_devices(tmp_path):
     ran = run_cli(["run", str(STORIES), "Once", "--verbose", "-o", "num_predict=3", "-o", "num_thread=1"], tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert ("devices:              CPU\n" in ran.stderr) if CPU_BUILD else ("devices:" in ran.stderr)
+
+
+def _processor(server: ServerProcess) -> str:
+    ps = subprocess.run([sys.executable, "-c", "from cli.main import app; app()", "ps"], env=server.env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+    assert ps.returncode == 0, ps.stderr
+    header, *rows = ps.stdout.splitlines()
+    row = next(line for line in rows if line.startswith(str(STORIES)))
+    return row[header.index("PROCESSOR"):].split("  ")[0].strip()
+
+
+def test_served_offload_of_all_some_and_no_layers_answers_as_the_cpu_does():
+    """The old engine's offload through a real ``pollama serve`` on ``POLLAMA_TEST_GPU_LIB``'s build
+    (else the libraries this process loaded): ``num_gpu`` -1 puts all of stories260K's 6 layers on
+    the GPU, 3 half of them, 0 none; ``/api/ps`` and ``pollama ps`` say so, and the greedy answers
+    equal the CPU's (F32 weights: the kernels' rounding stays far from a tie for these tokens).
+    The server lives through every load (on an H200 a served offloaded load once ended it). On a
+    build that cannot offload, each load reads CPU."""
+    env = {"OLLAMA_NEW_ENGINE": "0", "OLLAMA_CONTEXT_LENGTH": "256", "PYTHONFAULTHANDLER": "1"}
+    if GPU_LIB:
+        env.update(LLAMA_CPP_LIB_PATH=GPU_LIB, MTMD_CPP_LIB=GPU_LIB)
+    offloads = bool(GPU_LIB) or not CPU_BUILD
+    seen = {}
+    with ServerProcess(env) as server:
+        for num_gpu in (-1, 3, 0):
+            body = {"model": str(STORIES), "prompt": "Once upon a time", "raw": True, "stream": False,
+                    "options": {"num_gpu": num_gpu, "temperature": 0, "num_predict": 16, "num_thread": 1}}
+            r = httpx.post(server.url + "/api/generate", json=body, timeout=300)
+            assert r.status_code == 200, (num_gpu, r.text, server.log()[-4000:])
+            (entry,) = httpx.get(server.url + "/api/ps").json()["models"]
+            seen[num_gpu] = (r.json()["response"], entry, _processor(server))
+        assert server.proc.poll() is None, server.log()[-4000:]
+        assert server.log().count("loading model") == 3
+    (full_text, full, full_ps), (part_text, part, part_ps), (cpu_text, cpu, cpu_ps) = (seen[n] for n in (-1, 3, 0))
+    assert cpu_text and full_text == cpu_text and part_text == cpu_text
+    assert (cpu["size_vram"], cpu["devices"], cpu_ps) == (0, "CPU", "100% CPU")
+    if not offloads:
+        assert [(e["size_vram"], e["devices"], shown) for _, e, shown in seen.values()] == [(0, "CPU", "100% CPU")] * 3
+        return
+    assert full["size_vram"] == full["size"] > 0 and full["devices"].endswith(" 6/6 layers"), full
+    assert full_ps == "100% GPU"
+    assert 0 < part["size_vram"] < part["size"] and part["devices"].endswith(" 3/6 layers, CPU 3/6 layers"), part
+    assert re.fullmatch(r"\d+%/\d+% CPU/GPU", part_ps), part_ps

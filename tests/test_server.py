@@ -461,3 +461,17 @@ def test_answers_on_a_kept_alive_connection_do_not_wait_for_a_delayed_ack(server
             assert http.post("/api/show", json={"model": "no-such-model"}).status_code == 404
             times.append(time.perf_counter() - t)
     assert sorted(times)[10] < 0.02, sorted(times)
+
+
+def test_sigusr1_logs_every_threads_stack_and_the_server_goes_on(server):
+    """A hung server is told from a dead one: SIGUSR1 (sent by ServerProcess before it kills a
+    server that would not stop) logs each thread's Python stack, the batch loop's included."""
+    r = httpx.post(server.url + "/api/generate", json={"model": str(STORIES), "prompt": "Once", "stream": False,
+                                                       "options": {"num_predict": 2}}, timeout=120)
+    assert r.status_code == 200, r.text
+    before = server.log()
+    server.dump_stacks()
+    dumped = server.log()[len(before):]
+    assert "Current thread" in dumped or "Thread 0x" in dumped, dumped
+    assert dumped.count("Thread 0x") >= 2 and 'File "' in dumped, dumped
+    assert httpx.get(server.url + "/", timeout=10).status_code == 200 and server.proc.poll() is None
