@@ -1,7 +1,7 @@
 """Speculative decoding (issue 26): decode speed with prompt-lookup drafts against none, on both
 engines, beside llama-server's n-gram modes on the same prompts.
 
-    python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16]
+    python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16] [--fa on]
 
 Tasks, greedy, ``--tokens`` generated (the issue's):
   rewrite  a 42-line Python file with one name changed (input-grounded: the answer repeats it)
@@ -10,8 +10,11 @@ Tasks, greedy, ``--tokens`` generated (the issue's):
 
 For each model and engine: decode tok/s (``eval_count / eval_duration``) with ``draft_num_predict
 = --depth`` and with 0, their ratio, drafted tokens accepted/proposed, and whether the text is the
-same (or where it parts: batched rows round differently from single ones on GGML's CPU kernels, so a near-tie may flip). llama-server (built from the pinned sdist, as bench_decode.py
-builds llama-bench) runs the same prompt text through ``/completion`` with ``--spec-type none``,
+same (or where it parts: without flash attention, and for some weight types, GGML's CPU kernels
+round a batched row differently from a single one, so a near-tie may flip). ``--fa on`` runs
+both pollama and llama-server with flash attention (default: off in both, pollama's default;
+llama-server's own default, auto, would turn it on). llama-server (built from the pinned sdist,
+as bench_decode.py builds llama-bench) runs the same prompt text through ``/completion`` with ``--spec-type none``,
 ``ngram-simple`` and ``ngram-mod`` (their defaults), its ``timings.predicted_per_second``. Then 4
 parallel streams in one runner (num_parallel 4): aggregate tok/s with and without drafts.
 
@@ -129,7 +132,10 @@ class Gen:
 def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
     options = Options().merged({"temperature": 0, "num_predict": tokens, "draft_num_predict": depth})
     parts, final = [], None
-    for chunk in r.stream(Request(prompt=prompt, raw=True, options=options)):
+    # each run evaluates its prompt whole: a prompt served from the slot re-evaluates only its last
+    # token, alone, whose logits then differ in their last bits from the prompt batch's (another
+    # kernel for a batch of ~150 rows), so drafts and no drafts are compared from equal starts
+    for chunk in r.stream(Request(prompt=prompt, raw=True, options=options, cache_prompt=False)):
         parts.append(chunk.text)
         if chunk.done:
             final = chunk
@@ -137,8 +143,12 @@ def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
     return Gen("".join(parts), m.eval_count, m.eval_count / (m.eval_duration / 1e9), m.draft_n, m.draft_n_accepted)
 
 
+FLASH = False  # --fa on: flash attention in pollama and llama-server alike (else off in both)
+
+
 def load_runner(model: str, engine: str, threads: int, num_parallel: int):
-    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=0, cache_disk=0)
+    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=0, cache_disk=0,
+                              flash_attention=FLASH)
     path = None if model == "smollm2" else str(bench_decode.gemma3())
     r = runner.load(runner.resolve(path, cfg), Options().merged({"num_ctx": 4096, "num_thread": threads}),
                     cfg, num_parallel=num_parallel)
@@ -236,7 +246,8 @@ def server_rows(binary: Path, model: str, prompts: dict[str, str], runs: int, to
     out: dict[tuple[str, str], list[Gen]] = {}
     for spec in SPEC_TYPES:
         srv = bench_decode.LlamaServer(binary, ["-m", str(path), "-np", "1", "-c", "4096", "-t", str(threads),
-                                                "-tb", str(threads), "--spec-type", spec, "--cache-ram", "0"])
+                                                "-tb", str(threads), "--spec-type", spec, "--cache-ram", "0",
+                                                "-fa", "on" if FLASH else "off"])
         try:
             for task, prompt in prompts.items():
                 server_generate(srv, prompt, 8)
@@ -262,13 +273,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-server", action="store_true", help="skip llama-server")
     ap.add_argument("--no-streams", action="store_true", help="skip the 4-stream rows")
+    ap.add_argument("--fa", choices=("off", "on"), default="off",
+                    help="flash attention in both pollama and llama-server (default off, pollama's default)")
     a = ap.parse_args()
+    global FLASH
+    FLASH = a.fa == "on"
     models = a.models.split(",")
     engines = a.engines.split(",")
     tasks = a.tasks.split(",")
 
     print(f"machine: {bench_decode.machine()}; {a.threads} threads; greedy, {a.tokens} tokens; "
-          f"draft_num_predict {a.depth} vs 0; median of {a.runs} interleaved runs; load average {load_avg()}")
+          f"draft_num_predict {a.depth} vs 0; flash attention {a.fa} (both); median of {a.runs} interleaved runs; "
+          f"load average {load_avg()}")
     print(f"pollama: {bench_decode.git_head(HERE.parent)}\n")
     binary = None if a.no_server else bench_decode.llama_cpp_tool("llama-server")
 
