@@ -80,6 +80,7 @@ class LlamaKv:
         self._own: dict[int, int] = {}
         self._joined = bytearray()  # the last joined state: the next join writes into it
         self._exported = bytearray()  # the last export's buffer: the next export reuses it if free
+        self._relaid = bytearray()  # the last window relaid for an import: the next one writes into it
 
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         done = bool(L.llama_memory_seq_rm(self.mem, seq, begin, -1 if end is None else end))
@@ -139,9 +140,11 @@ class LlamaKv:
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
         if len(state) == 0:
             return False
-        relaid = relay_window(state, self.ring) if self.window > 0 else None
+        relaid = relay_window(state, self.ring, self._relaid) if self.window > 0 else None
         if relaid is not None:
             blob, own = relaid
+            if isinstance(blob, bytearray) and blob is not state:
+                self._relaid = blob  # the next relay writes into it
             if self._set(seq, blob):
                 if own > L.llama_memory_seq_pos_min(self.mem, seq):
                     self._own[seq] = own

@@ -305,12 +305,15 @@ class _Layout:
         return meta[:, 0]
 
 
-def relay_window(state: bytes | bytearray, ring: int) -> tuple[bytes | bytearray, int] | None:
+def relay_window(state: bytes | bytearray | memoryview, ring: int,
+                 into: bytearray | None = None) -> tuple[bytes | bytearray | memoryview, int] | None:
     """``state`` with its window section in ring order: position ``p`` the ``p % ring``-th cell,
     filler cells (zero rows, at a position below the window's that ``p % ring`` names) where the
     window holds nothing below its last cell. Also the window's first position: the sequence's
     own from there, fillers below. None when the state is not a sliding-window model's sequence
-    whose window fits ``ring`` cells once each (the caller imports it as it is)."""
+    whose window fits ``ring`` cells once each (the caller imports it as it is). ``into``: a
+    buffer (not ``state``'s) to write the result at the start of when it is large enough, as
+    :func:`join` does; the import reads it at once."""
     try:
         data, start, (_, window) = _read(state)
     except (ValueError, struct.error):
@@ -338,25 +341,48 @@ def relay_window(state: bytes | bytearray, ring: int) -> tuple[bytes | bytearray
         return None  # cannot happen with a window that starts at its position modulo ring
     take = np.where(filler, 0, source)
 
-    out = [bytes(data[:start]), struct.pack("<I", len(window))]
+    # the pieces in order: bytes as they are, or (rows, axis) to write relaid; then one buffer,
+    # each row moved once (np.take straight into it)
+    pieces: list = [data[:start], struct.pack("<I", len(window))]
     for stream in window:
         if stream is None:
-            out.append(struct.pack("<I", 0))
+            pieces.append(struct.pack("<I", 0))
             continue
         meta = np.stack([new_pos, np.ones(count, np.int64), np.full(count, stream.seq, np.int64)], axis=1)
-        out += [struct.pack("<I", count), meta.astype("<i4").tobytes()]
-        out.append(struct.pack("<II", stream.v_trans, len(stream.k)))
+        pieces += [struct.pack("<I", count), meta.astype("<i4").tobytes()]
+        pieces.append(struct.pack("<II", stream.v_trans, len(stream.k)))
         for head, rows in stream.k:
-            out += [head, _relaid(rows, take, filler, axis=0)]
+            pieces += [head, (rows, 0)]
         for head, rows in stream.v:
-            out += [head, _relaid(rows, take, filler, axis=1 if stream.v_trans else 0)]
-    return bytearray().join(out), first
+            pieces += [head, (rows, 1 if stream.v_trans else 0)]
 
+    def nbytes(piece) -> int:
+        if isinstance(piece, tuple):
+            rows, axis = piece
+            return rows.nbytes // rows.shape[axis] * count
+        return len(piece)
 
-def _relaid(rows: np.ndarray, take: np.ndarray, filler: np.ndarray, axis: int) -> bytes:
-    moved = np.take(rows, take, axis=axis)
-    if axis == 0:
-        moved[filler] = 0
-    else:
-        moved[:, filler] = 0
-    return moved.tobytes()
+    size = sum(nbytes(piece) for piece in pieces)
+    out: bytearray | memoryview = memoryview(into)[:size] if into is not None and len(into) >= size \
+        else bytearray(size)
+    body = np.frombuffer(out, dtype=np.uint8)
+    # the filler cells: one run (a slice) unless the window wrapped oddly (then by index)
+    fill: slice | np.ndarray = slice(int(cell[0]), int(cell[-1]) + 1) \
+        if len(cell) and int(cell[-1]) - int(cell[0]) + 1 == len(cell) else cell
+    at = 0
+    for piece in pieces:
+        n = nbytes(piece)
+        if isinstance(piece, tuple):
+            rows, axis = piece
+            shape = list(rows.shape)
+            shape[axis] = count
+            moved = body[at : at + n].reshape(shape)
+            np.take(rows, take, axis=axis, out=moved, mode="clip")  # "clip": no buffered copy
+            if axis == 0:
+                moved[fill] = 0
+            else:
+                moved[:, fill] = 0
+        else:
+            out[at : at + n] = piece
+        at += n
+    return out, first
