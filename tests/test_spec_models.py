@@ -1,19 +1,21 @@
 """Speculative decoding on real models (issue 26): greedy answers with drafts equal those without.
 
 The decision procedure is proved exact on the batch-invariant fake engine (test_spec_loop.py).
-Real engines add one caveat: some of GGML's CPU kernels compute a row's logits in another
-summation order in a batch of several rows than alone, so a drafted row's logits may differ from
-the one-row decode's in their last bits, and a greedy choice whose two best logits are that close
-may flip. Measured (17 rows against one): attention without flash attention does (SmolLM2's story
-parts at character ~470), flash attention does for one row once the cache spans 512 cells (split
-across threads) and for 64 rows or more (tiled), and so do the matrix products of gemma-3-270m's
-Q5_0/Q8_0 weights; with flash attention and within 256 cells, SmolLM2's Q4_1 rows are
-bit-identical, and its story is held to byte equality below. The other checks are on an input-grounded prompt, a short code file rewritten
-with one rename, where the model's choices are far from ties and the answers held equal token
-for token on both engines with drafts of 4, 8 and 16 over 150 tokens (SmolLM2 and gemma-3-270m,
-measured when this was written). They check that the loop wires the drafts, the verification and
-the KV rollback right on a real engine: a prompt that flips says the kernels differ, and must not
-be "fixed" by loosening the check.
+Real engines add one caveat: some of GGML's CPU kernels compute a row's logits in another summation
+order in a batch of several rows than alone, so a drafted row's logits may differ from the one-row
+decode's in their last bits, and a greedy choice whose two best logits are that close may flip.
+Measured (17 rows against one): attention without flash attention does (SmolLM2's story parts at
+character ~470), flash attention does for one row once the cache spans 512 cells (split across
+threads) and for 64 rows or more (tiled), and so do the matrix products of gemma-3-270m's weights (a
+mix of Q4_K, Q5_0, Q6_K and Q8_0; which, not isolated); with flash attention and within 256 cells,
+SmolLM2's Q4_1 rows are bit-identical, and its story is held to byte equality below.
+
+The other checks are on an input-grounded prompt, a short code file rewritten with one rename, where
+the model's choices are far from ties and the answers held equal token for token on both engines
+with drafts of 4, 8 and 16 over 150 tokens (SmolLM2 and gemma-3-270m, measured when this was
+written). They check that the loop wires the drafts, the verification and the KV rollback right on a
+real engine: a prompt that flips says the kernels differ, and must not be "fixed" by loosening the
+check.
 """
 
 from __future__ import annotations
