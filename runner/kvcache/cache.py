@@ -225,6 +225,7 @@ class Cache(Protocol):
         position order (where a recompute from an empty sequence puts them).
 
         ``seq`` is emptied first. False, with ``seq`` empty and no other sequence touched, when
-        ``data`` is refused: truncated or damaged (checksum), another format or geometry (dtype,
-        V layout, layers, head sizes), or more entries than free cells. Never half-restored."""
+        ``data`` is refused: truncated or padded, another format or geometry (dtype, V layout,
+        layers, head sizes), positions out of order, or more entries than free cells (the
+        state carries no checksum: the prompt store's files carry theirs). Never half-restored."""
         ...

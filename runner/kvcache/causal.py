@@ -352,7 +352,7 @@ class CausalCache:
 
     def export_seq(self, seq: int) -> bytearray:
         """See ``Cache.export_seq``: the rows are read run by run of consecutive cells (permuted
-        V: per element row, over the span of the sequence's cells)."""
+        V: the cells' columns of every element row, where the storage lies)."""
         table = self._table()
         cells = np.asarray(table.seq_cells(seq), dtype=np.int64)
         positions = np.asarray(table.seq_positions(seq), dtype=np.int64)
@@ -377,8 +377,8 @@ class CausalCache:
 
     def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
         """See ``Cache.import_seq``: the state is read and checked whole before any cell is
-        taken; the rows are written run by run of consecutive cells (permuted V: per element
-        row, over the span of the chosen cells)."""
+        taken; the rows are written run by run of consecutive cells (permuted V: into the chosen
+        cells' columns of every element row)."""
         table = self._table()
         table.restore(seq, ())  # empty it first, whatever follows
         try:
@@ -469,13 +469,6 @@ def _write_rows(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
         storage.write_bytes(cell * row, np.ascontiguousarray(rows[at : at + length]))
 
 
-def _whole(span: int, n_cells: int) -> bool:
-    """Whether permuted V is read (and written) whole, in one call, rather than element row by
-    element row over the ``span`` of cells a sequence uses: one call for the tensor beats one
-    per element row (~200) once the span is a quarter of the cells or more."""
-    return 4 * span >= n_cells
-
-
 def _columns(storage: Any) -> tuple[int, int, np.dtype]:
     """Permuted V ``[n_cells, v_head_dim, kv_heads]`` seen as ``width`` element rows of
     ``n_cells`` columns: ``(width, n_cells, element dtype)``."""
@@ -483,50 +476,48 @@ def _columns(storage: Any) -> tuple[int, int, np.dtype]:
     return storage.dim(1) * storage.dim(2), storage.dim(0), np.dtype(f"u{elt}")  # f16: u2, f32: u4
 
 
+def _element_rows(storage: Any) -> tuple[np.ndarray, bool]:
+    """Permuted V's element rows, ``(width, n_cells)`` of its element type: where they lie when
+    the storage is host memory (True: nothing to write back), else a copy read in one call."""
+    width, n_cells, elt = _columns(storage)
+    where = storage.host_bytes()
+    if where is not None:
+        return where.view(elt).reshape(width, n_cells), True
+    every = np.empty((width, n_cells), dtype=elt)
+    storage.read_bytes(0, every)
+    return every, False
+
+
+def _one_run(cells: np.ndarray) -> bool:
+    """Whether ``cells`` are consecutive and ascending (a slot filled in order): a slice then
+    copies several times faster than an index."""
+    return int(cells[-1]) - int(cells[0]) + 1 == len(cells) and bool(np.all(np.diff(cells) == 1))
+
+
 def _read_columns(storage: Any, cells: np.ndarray, out: np.ndarray) -> None:
-    """Permuted V: column ``cells[i]`` (the cell's V, element ``e`` in element row ``e``) into
-    ``out[i]`` (uint8 ``(len(cells), width * element size)``)."""
+    """Permuted V: column ``cells[i]`` of every element row into ``out``'s element rows, at
+    ``i`` (uint8 ``(width, len(cells) * element size)``: the snapshot's permuted V)."""
     if len(cells) == 0:
         return
-    width, n_cells, elt = _columns(storage)
-    lo, hi = int(cells.min()), int(cells.max())
-    dest = out.view(elt)  # (len(cells), width)
-    if _whole(hi - lo + 1, n_cells):
-        every = np.empty((width, n_cells), dtype=elt)
-        storage.read_bytes(0, every)
-        run = hi - lo + 1 == len(cells) and bool(np.all(np.diff(cells) == 1))
-        # numpy transposes a contiguous block several times faster than a strided view of one
-        dest[:] = np.ascontiguousarray(every[:, lo : hi + 1] if run else np.take(every, cells, axis=1)).T
-        return
-    span = np.empty(hi - lo + 1, dtype=elt)
-    for e in range(width):
-        storage.read_bytes((e * n_cells + lo) * elt.itemsize, span)
-        dest[:, e] = span[cells - lo]
+    every, _ = _element_rows(storage)
+    dest = out.view(every.dtype)  # (width, len(cells))
+    if _one_run(cells):
+        dest[:] = every[:, int(cells[0]) : int(cells[-1]) + 1]
+    else:
+        np.take(every, cells, axis=1, out=dest)
 
 
 def _write_columns(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
-    """Permuted V: ``rows[i]`` into column ``cells[i]`` (the inverse of :func:`_read_columns`).
-    The cells between them are read and written back unchanged unless ``cells`` is one
-    ascending run (no graph computes meanwhile: ``Cache.import_seq``'s contract)."""
+    """Permuted V: ``rows``' element rows into columns ``cells`` (the inverse of
+    :func:`_read_columns`). Storage that is not host memory is read and written back whole (no
+    graph computes meanwhile: ``Cache.import_seq``'s contract)."""
     if len(cells) == 0:
         return
-    width, n_cells, elt = _columns(storage)
-    lo, hi = int(cells.min()), int(cells.max())
-    run = hi - lo + 1 == len(cells) and bool(np.all(np.diff(cells) == 1))
-    src = rows.view(elt)  # (len(cells), width)
-    if _whole(hi - lo + 1, n_cells):
-        every = np.empty((width, n_cells), dtype=elt)
-        storage.read_bytes(0, every)
-        if run:
-            every[:, lo : hi + 1] = src.T  # a slice: several times faster than by index
-        else:
-            every[:, cells] = src.T
+    every, in_place = _element_rows(storage)
+    src = rows.view(every.dtype)  # (width, len(cells))
+    if _one_run(cells):
+        every[:, int(cells[0]) : int(cells[-1]) + 1] = src
+    else:
+        every[:, cells] = src
+    if not in_place:
         storage.write_bytes(0, every)
-        return
-    span = np.empty(hi - lo + 1, dtype=elt)
-    for e in range(width):
-        offset = (e * n_cells + lo) * elt.itemsize
-        if not run:
-            storage.read_bytes(offset, span)
-        span[cells - lo] = src[:, e]
-        storage.write_bytes(offset, span)

@@ -9,25 +9,34 @@ One causal cache's state (little-endian throughout)::
     positions n_cells x i32, ascending: the sequence's positions
     cells     n_cells x i32: the cell each position was stored in (where the import puts it
               back when that cell is free)
-    rows      per layer: n_cells K rows, then n_cells V rows, in position order; a row is the
-              cell's data as the storage holds it (quantized blocks as they are). Permuted V
-              (``[n_cells, v_head_dim, kv_heads]``) is gathered to the same row order as
-              unpermuted V (element ``d + h * v_head_dim``)
-    crc32     u32 of everything before it
+    rows      per layer: n_cells K rows, in position order (a row is the cell's data as the
+              storage holds it, quantized blocks as they are), then V: unpermuted, n_cells V
+              rows likewise; permuted V (``[n_cells, v_head_dim, kv_heads]``, f16 or f32) as
+              the storage holds it, element row after element row (element ``d + h *
+              v_head_dim``), each holding the n_cells values of that element in position order
+
+Version 2 keeps two costs out of a restore, which a returning turn pays on ~50 MB states:
+
+- no checksum: a state lives in this process's memory (the slot cache hands it to the prompt
+  store and back) and reaches a disk only through the store's disk tier, whose files carry their
+  own (:mod:`runner.kvstore.disk`), as llama.cpp's states do; version 1's CRC-32 was computed
+  again at every export, split, join and import;
+- permuted V in the storage's own layout: an export and an import copy runs of cells, where
+  version 1's row order transposed every 2-byte element both ways (a :func:`split` and a
+  :func:`join` copy the element rows' runs instead, as llama.cpp's transposed V state does).
 
 A cache made of several (:class:`runner.kvcache.wrapper.WrapperCache`) packs its caches' states::
 
     magic "PKVW", version u16, count u16, count x u64 (each state's length), the states
 
-:func:`read` refuses (:class:`SnapshotError`) anything truncated, padded, damaged (checksum,
-magic, version) or inconsistent (positions not ascending); the importing cache compares the
-:class:`Geometry` with its own. The format holds no model identity and no token ids: the prompt
+:func:`read` refuses (:class:`SnapshotError`) anything truncated, padded, of another format
+(magic, version, flags) or inconsistent (positions not ascending, a negative cell); the
+importing cache compares the :class:`Geometry` with its own. The format holds no model identity and no token ids: the prompt
 store's key holds those.
 
 Pages (the prompt store's, :mod:`runner.kvstore.ram`): :func:`split` cuts one cache's state of
-positions ``0..n-1`` into the states of position ranges (each a whole state of this format, its
-own checksum included), :func:`join` puts such states back together; joining what was split gives
-the original bytes. A wrapper's state (a sliding window beside global layers: the window holds
+positions ``0..n-1`` into the states of position ranges (each a whole state of this format),
+:func:`join` puts such states back together; joining what was split gives the original bytes. A wrapper's state (a sliding window beside global layers: the window holds
 only the last cells, not pages of the conversation) is not split.
 """
 
@@ -36,7 +45,6 @@ from __future__ import annotations
 import functools
 import itertools
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
@@ -45,7 +53,7 @@ import numpy as np
 __all__ = ["FORMAT", "Geometry", "LayerRows", "Snapshot", "SnapshotError", "Writer", "join", "pack", "read", "split",
            "unpack"]
 
-VERSION = 1
+VERSION = 2  # 1: a CRC-32 at the end, permuted V in row order
 #: what :attr:`Cache.state_layout` strings start with: the format and its version
 FORMAT = f"pollama-kvcache/{VERSION}"
 
@@ -53,7 +61,6 @@ _MAGIC = b"PKVC"
 _WRAPPER_MAGIC = b"PKVW"
 _HEADER = struct.Struct("<4sHH8sII")
 _LAYER = struct.Struct("<6I")
-_CRC = struct.Struct("<I")
 _WRAPPER = struct.Struct("<4sHH")
 _LENGTH = struct.Struct("<Q")
 _PERMUTED_V = 1
@@ -84,10 +91,22 @@ class Geometry:
     permuted_v: bool
     layers: tuple[LayerRows, ...]
 
+    def v_width(self, i: int) -> int:
+        """Layer ``layers[i]``'s V elements per cell (``v_head_dim * kv_heads``): the element
+        rows a permuted V holds."""
+        ly = self.layers[i]
+        return ly.v_head_dim * ly.kv_heads
+
     @property
     def cell_bytes(self) -> int:
         """Bytes of one cell's rows over all layers."""
         return sum(ly.k_row + ly.v_row for ly in self.layers)
+
+    @functools.cached_property
+    def regular(self) -> bool:
+        """Whether every layer stores the same rows (no per-layer head counts): then a state's
+        rows of every layer are one strided array (:meth:`Writer.stacked`)."""
+        return len({(ly.head_dim, ly.kv_heads, ly.v_head_dim, ly.k_row, ly.v_row) for ly in self.layers}) <= 1
 
     @functools.cached_property
     def _starts(self) -> tuple[int, ...]:
@@ -102,7 +121,7 @@ def size(geometry: Geometry, n: int) -> int:
 
 
 def _size(geometry: Geometry, n: int) -> int:
-    return _HEADER.size + len(geometry.layers) * _LAYER.size + 8 * n + n * geometry.cell_bytes + _CRC.size
+    return _HEADER.size + len(geometry.layers) * _LAYER.size + 8 * n + n * geometry.cell_bytes
 
 
 class Writer:
@@ -141,13 +160,17 @@ class Writer:
         return _layer_rows(self._body[self._rows :], self.geometry, self.n, i, value=False)
 
     def v_rows(self, i: int) -> np.ndarray:
-        """Layer ``geometry.layers[i]``'s V rows to fill: uint8 ``(n, v_row)``, position order."""
+        """Layer ``geometry.layers[i]``'s V to fill: uint8 ``(n, v_row)``, position order;
+        permuted V: ``(width, n * element size)``, element row after element row."""
         return _layer_rows(self._body[self._rows :], self.geometry, self.n, i, value=True)
 
+    def stacked(self, value: bool) -> np.ndarray:
+        """Every layer's K (or with ``value`` V) to fill at once, a leading layer axis before
+        :meth:`k_rows`'s (:meth:`v_rows`'s) shape; only for a :attr:`Geometry.regular` one."""
+        return _stacked(self._body[self._rows :], self.geometry, self.n, value)
+
     def finish(self) -> bytearray | memoryview:
-        """The state, checksummed (the writer must not be used afterwards)."""
-        end = len(self.buf) - _CRC.size
-        _CRC.pack_into(self.buf, end, zlib.crc32(memoryview(self.buf)[:end]))
+        """The state (the writer must not be used afterwards)."""
         return self.buf
 
 
@@ -170,17 +193,20 @@ class Snapshot:
         return _layer_rows(self._body, self.geometry, self.n, i, value=False)
 
     def v_rows(self, i: int) -> np.ndarray:
-        """Layer ``geometry.layers[i]``'s V rows: uint8 ``(n, v_row)``, position order."""
+        """Layer ``geometry.layers[i]``'s V: uint8 ``(n, v_row)``, position order; permuted V:
+        ``(width, n * element size)``, element row after element row."""
         return _layer_rows(self._body, self.geometry, self.n, i, value=True)
 
+    def stacked(self, value: bool) -> np.ndarray:
+        """See :meth:`Writer.stacked`."""
+        return _stacked(self._body, self.geometry, self.n, value)
 
-def read(data: bytes | bytearray | memoryview, verify: bool = True) -> Snapshot:
+
+def read(data: bytes | bytearray | memoryview) -> Snapshot:
     """Parse one cache's state (views into ``data``, which must outlive the result). Raises
-    :class:`SnapshotError` for a state that is not exactly one intact state of this format;
-    ``verify`` False skips the checksum (a state this process wrote, or one a checksummed file
-    held: :func:`join`'s pages), every other check stays."""
+    :class:`SnapshotError` for a state that is not exactly one state of this format."""
     view = memoryview(data).cast("B")
-    if len(view) < _HEADER.size + _CRC.size:
+    if len(view) < _HEADER.size:
         raise SnapshotError(f"state of {len(view)} bytes is too short")
     magic, version, flags, dtype, n_layers, n = _HEADER.unpack_from(view, 0)
     if magic != _MAGIC:
@@ -190,15 +216,12 @@ def read(data: bytes | bytearray | memoryview, verify: bool = True) -> Snapshot:
     if flags & ~_PERMUTED_V:
         raise SnapshotError(f"unknown flags {flags:#x}")
     table_end = _HEADER.size + n_layers * _LAYER.size
-    if len(view) < table_end + _CRC.size:
+    if len(view) < table_end:
         raise SnapshotError("state truncated in its layer table")
     geometry = _geometry(flags, dtype, bytes(view[_HEADER.size : table_end]))
     size = _size(geometry, n)
     if len(view) != size:
         raise SnapshotError(f"state of {len(view)} bytes, its header says {size}")
-    end = size - _CRC.size
-    if verify and zlib.crc32(view[:end]) != _CRC.unpack_from(view, end)[0]:
-        raise SnapshotError("state damaged (checksum)")
     body = np.frombuffer(view, dtype=np.uint8)
     positions = body[table_end : table_end + 4 * n].view("<i4")
     cells = body[table_end + 4 * n : table_end + 8 * n].view("<i4")
@@ -206,7 +229,7 @@ def read(data: bytes | bytearray | memoryview, verify: bool = True) -> Snapshot:
         raise SnapshotError("negative position or cell")
     if n > 1 and not bool(np.all(positions[1:] > positions[:-1])):
         raise SnapshotError("positions not ascending")
-    return Snapshot(geometry, positions, cells, body[table_end + 8 * n : end])
+    return Snapshot(geometry, positions, cells, body[table_end + 8 * n :])
 
 
 @functools.lru_cache(maxsize=64)
@@ -218,7 +241,10 @@ def _geometry(flags: int, dtype: bytes, table: bytes) -> Geometry:
         name = dtype.rstrip(b"\0").decode("ascii")
     except UnicodeDecodeError:
         raise SnapshotError("damaged dtype name") from None
-    return Geometry(dtype=name, permuted_v=bool(flags & _PERMUTED_V), layers=layers)
+    permuted = bool(flags & _PERMUTED_V)
+    if permuted and any(ly.v_head_dim * ly.kv_heads == 0 or ly.v_row % (ly.v_head_dim * ly.kv_heads) for ly in layers):
+        raise SnapshotError("permuted V rows that are not whole elements")
+    return Geometry(dtype=name, permuted_v=permuted, layers=layers)
 
 
 def split(data: bytes | bytearray | memoryview, bounds: Sequence[int],
@@ -226,7 +252,7 @@ def split(data: bytes | bytearray | memoryview, bounds: Sequence[int],
     """The states of positions ``[bounds[i], bounds[i + 1])`` of ``data``, one cache's state of
     exactly the positions ``0..bounds[-1]-1`` (``bounds`` ascending from 0), None in place of
     each range whose index is in ``held``; their cells stay the ones exported. None when
-    ``data`` is not such a state (a wrapper's, a window that slid, damaged)."""
+    ``data`` is not such a state (a wrapper's, a window that slid, another format)."""
     try:
         state = read(data)
     except SnapshotError:
@@ -237,15 +263,26 @@ def split(data: bytes | bytearray | memoryview, bounds: Sequence[int],
     if state.n != n or not np.array_equal(state.positions, np.arange(n)):
         return None
     layers = range(len(state.geometry.layers))
+    permuted = state.geometry.permuted_v
+    stacks = (state.stacked(False), state.stacked(True)) if state.geometry.regular and layers else None
+    elt = _element(state.geometry, 0) if layers else 0
     parts: list[bytearray | None] = []
     for k, (begin, end) in enumerate(zip(bounds, bounds[1:])):
         if k in held:
             parts.append(None)
             continue
         out = Writer(state.geometry, state.positions[begin:end], state.cells[begin:end])
-        for i in layers:
+        if stacks is not None:  # every layer in one copy
+            out.stacked(False)[:] = stacks[0][:, begin:end]
+            out.stacked(True)[:] = stacks[1][:, :, begin * elt : end * elt] if permuted else stacks[1][:, begin:end]
+        for i in layers if stacks is None else ():
             out.k_rows(i)[:] = state.k_rows(i)[begin:end]
-            out.v_rows(i)[:] = state.v_rows(i)[begin:end]
+            v = state.v_rows(i)
+            if permuted:  # (width, n * element): the range's run of every element row
+                e = _element(state.geometry, i)
+                out.v_rows(i)[:] = v[:, begin * e : end * e]
+            else:
+                out.v_rows(i)[:] = v[begin:end]
         parts.append(out.finish())
     return parts
 
@@ -254,10 +291,8 @@ def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None
     """One state of all the positions ``parts`` hold, in order (what :func:`split` cut, joined
     back: the same bytes), written into ``into`` when it is large enough and no part lies in it
     (a view of it is returned; see :class:`Writer`). :class:`SnapshotError` when one is
-    truncated, of another geometry, or the positions do not ascend from part to part. The parts'
-    checksums are not recomputed: they are the prompt store's pages, cut by this process or read
-    from files the disk tier checks; the joined state gets its own."""
-    states = [read(p, verify=False) for p in parts]
+    truncated, of another geometry, or the positions do not ascend from part to part."""
+    states = [read(p) for p in parts]
     if not states:
         raise SnapshotError("no states to join")
     geometry = states[0].geometry
@@ -270,12 +305,21 @@ def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None
                                 for p in parts):
         into = None
     out = Writer(geometry, positions, np.concatenate([s.cells for s in states]), into)
-    for i in range(len(geometry.layers)):
-        k, v, at = out.k_rows(i), out.v_rows(i), 0
+    if geometry.regular and geometry.layers:  # every layer of a part in one copy
+        k, v, at = out.stacked(False), out.stacked(True), 0
+        elt = _element(geometry, 0)
         for s in states:
-            k[at : at + s.n] = s.k_rows(i)
-            v[at : at + s.n] = s.v_rows(i)
+            k[:, at : at + s.n] = s.stacked(False)
+            if geometry.permuted_v:  # the part's run in each element row
+                v[:, :, at * elt : (at + s.n) * elt] = s.stacked(True)
+            else:
+                v[:, at : at + s.n] = s.stacked(True)
             at += s.n
+        return out.finish()
+    v_axis = 1 if geometry.permuted_v else 0  # permuted V: the parts' runs side by side in each element row
+    for i in range(len(geometry.layers)):
+        np.concatenate([s.k_rows(i) for s in states], axis=0, out=out.k_rows(i))
+        np.concatenate([s.v_rows(i) for s in states], axis=v_axis, out=out.v_rows(i))
     return out.finish()
 
 
@@ -314,11 +358,37 @@ def unpack(data: bytes | bytearray | memoryview, count: int) -> list[memoryview]
 
 
 def _layer_rows(rows: np.ndarray, geometry: Geometry, n: int, i: int, value: bool) -> np.ndarray:
-    """The K (or with ``value`` the V) rows of layer ``geometry.layers[i]`` in the rows region
-    ``rows`` of a state of ``n`` cells (per layer: n K rows, then n V rows): uint8 ``(n, row)``."""
+    """The K (or with ``value`` the V) of layer ``geometry.layers[i]`` in the rows region
+    ``rows`` of a state of ``n`` cells (per layer: K, then V): uint8 ``(n, row)``; permuted V
+    ``(width, n * element size)``."""
     start = n * geometry._starts[i]
     ly = geometry.layers[i]
-    if value:
-        start += n * ly.k_row
-    width = ly.v_row if value else ly.k_row
-    return rows[start : start + n * width].reshape(n, width)
+    if not value:
+        return rows[start : start + n * ly.k_row].reshape(n, ly.k_row)
+    start += n * ly.k_row
+    region = rows[start : start + n * ly.v_row]
+    if geometry.permuted_v:
+        return region.reshape(geometry.v_width(i), n * (ly.v_row // geometry.v_width(i)))
+    return region.reshape(n, ly.v_row)
+
+
+def _element(geometry: Geometry, i: int) -> int:
+    """Bytes of one V element of layer ``geometry.layers[i]`` (permuted V's run unit)."""
+    return geometry.layers[i].v_row // geometry.v_width(i)
+
+
+def _stacked(rows: np.ndarray, geometry: Geometry, n: int, value: bool) -> np.ndarray:
+    """Every layer's K (or with ``value`` V) in the rows region ``rows`` of a state of ``n``
+    cells of a regular ``geometry`` (:attr:`Geometry.regular`), as one strided array with a
+    leading layer axis (no copy): ``(layers, n, row)``; permuted V ``(layers, width, n * element)``."""
+    ly = geometry.layers[0]
+    step = n * (ly.k_row + ly.v_row)  # one layer's K and V
+    region = rows[n * ly.k_row :] if value else rows
+    if not value:
+        shape, strides = (len(geometry.layers), n, ly.k_row), (step, ly.k_row, 1)
+    elif geometry.permuted_v:
+        elt = _element(geometry, 0)
+        shape, strides = (len(geometry.layers), geometry.v_width(0), n * elt), (step, n * elt, 1)
+    else:
+        shape, strides = (len(geometry.layers), n, ly.v_row), (step, ly.v_row, 1)
+    return np.lib.stride_tricks.as_strided(region, shape, strides, writeable=region.flags.writeable)

@@ -238,6 +238,14 @@ class Tensor(Protocol):
         computing on the tensor meanwhile. ``ValueError`` when the range is not inside it."""
         ...
 
+    def host_bytes(self) -> np.ndarray | None:
+        """An allocated, contiguous tensor's raw bytes where they lie, as a writable uint8 array
+        (no copy), when its buffer is plain host memory (the CPU backend's cache storage); None
+        otherwise (a device's memory, a repacked weight): then :meth:`read_bytes` and
+        :meth:`write_bytes` copy. Valid while the tensor lives; written only as
+        :meth:`write_bytes` may be (no graph computing on it)."""
+        ...
+
 
 class Context(Protocol):
     """One compute graph and the memory for its intermediate tensors."""

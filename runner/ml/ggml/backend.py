@@ -429,6 +429,14 @@ class GGMLTensor:
         self._check_range(offset, data, "write_bytes")
         g.ggml_backend_tensor_set(self.ptr, data.ctypes.data, offset, data.nbytes)
 
+    def host_bytes(self) -> np.ndarray | None:
+        """See ``Tensor.host_bytes``."""
+        s = self._s
+        if not s.data or not s.buffer or not g.ggml_is_contiguous(self.ptr) or \
+                not g.ggml_backend_buffer_is_host(s.buffer):
+            return None
+        return np.frombuffer((ctypes.c_uint8 * self.nbytes).from_address(s.data), dtype=np.uint8)
+
     def _check_range(self, offset: int, arr: np.ndarray, what: str) -> None:
         # GGML asserts (aborts the process) on a range outside the tensor: refuse it here
         if not arr.flags.c_contiguous:

@@ -263,6 +263,7 @@ ggml_backend_graph_compute = _bind(_base, "ggml_backend_graph_compute", c_int, [
 ggml_backend_buft_name = _bind(_base, "ggml_backend_buft_name", c_char_p, [P])
 ggml_backend_buffer_free = _bind(_base, "ggml_backend_buffer_free", None, [P])
 ggml_backend_buffer_get_base = _bind(_base, "ggml_backend_buffer_get_base", P, [P])
+ggml_backend_buffer_is_host = _bind(_base, "ggml_backend_buffer_is_host", c_bool, [P])
 ggml_backend_buffer_get_size = _bind(_base, "ggml_backend_buffer_get_size", c_size_t, [P])
 ggml_backend_buffer_clear = _bind(_base, "ggml_backend_buffer_clear", None, [P, c_uint8])
 ggml_backend_buffer_set_usage = _bind(_base, "ggml_backend_buffer_set_usage", None, [P, c_int])
