@@ -141,22 +141,21 @@ def _one_stream(state: bytes | bytearray | memoryview) -> tuple[memoryview, int,
     return data, len(sections[0]), held[0], stream
 
 
-def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarray, stream: _Stream,
-           k: list[list[np.ndarray]], v: list[list[np.ndarray]],
-           into: bytearray | None = None) -> bytearray | memoryview:
-    """A one-section state: ``head`` (magic, sequence id), ``n_stream`` streams of which
-    ``index`` holds cells at ``positions`` with ``stream``'s layer headers, and per layer the K
-    and V rows of those cells as pieces ``k[layer]``/``v[layer]``, cells one piece after another
-    (shaped as :class:`_Stream` holds rows: ``(cells, bytes)``, transposed V
-    ``(width, cells, element)``). Written into one buffer, each byte once: the start of ``into``
-    when it is large enough (a view of it is returned), else a new one."""
+def _frame(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarray, stream: _Stream,
+           into: bytearray | None = None) -> tuple[bytearray | memoryview, list[np.ndarray], list[np.ndarray]]:
+    """A one-section state with its rows left to fill: ``head`` (magic, sequence id),
+    ``n_stream`` streams of which ``index`` holds cells at ``positions`` with ``stream``'s layer
+    headers; per layer the views of its K and V rows to fill, shaped as :class:`_Stream` holds
+    them (``(cells, bytes)``, transposed V ``(width, cells, element)``). Written at the start of
+    ``into`` when it is large enough (the state is then a view of it), else into a new buffer."""
     count = len(positions)
     meta = np.stack([positions, np.ones(count, np.int64), np.full(count, seq, np.int64)], axis=1)
     start = [head, struct.pack("<I", n_stream), struct.pack("<I", 0) * index, struct.pack("<I", count),
-             meta.astype("<i4").tobytes(), struct.pack("<II", stream.v_trans, len(k))]
-    layers = [(header, pieces) for (header, _), pieces in zip(stream.k, k)]
-    layers += [(header, pieces) for (header, _), pieces in zip(stream.v, v)]
-    size = sum(len(x) for x in start) + sum(len(h) + sum(p.nbytes for p in pieces) for h, pieces in layers)
+             meta.astype("<i4").tobytes(), struct.pack("<II", stream.v_trans, len(stream.k))]
+    shapes = [(header, (count, rows.shape[1])) for header, rows in stream.k]
+    shapes += [(header, (rows.shape[0], count, rows.shape[2]) if stream.v_trans else (count, rows.shape[1]))
+               for header, rows in stream.v]
+    size = sum(len(x) for x in start) + sum(len(h) + math.prod(shape) for h, shape in shapes)
     total = size + 4 * (n_stream - index - 1)  # the streams after: 0 cells each
     out: bytearray | memoryview
     if into is not None and len(into) >= total:
@@ -169,17 +168,45 @@ def _state(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarr
     for x in start:
         out[at : at + len(x)] = x
         at += len(x)
-    for header, pieces in layers:
+    views = []
+    for header, shape in shapes:
         out[at : at + len(header)] = header
         at += len(header)
-        n = sum(p.nbytes for p in pieces)
-        if pieces and pieces[0].ndim == 3:  # transposed V: component after component, cells within
-            width, _, el = pieces[0].shape
-            np.concatenate(pieces, axis=1, out=body[at : at + n].reshape(width, count, el))
-        elif count:
-            np.concatenate([p.reshape(-1) for p in pieces], out=body[at : at + n])
+        n = math.prod(shape)
+        views.append(body[at : at + n].reshape(shape))
         at += n
-    return out
+    return out, views[: len(stream.k)], views[len(stream.k) :]
+
+
+def _stacked(views: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """Per-layer row views of one buffer as one array with a leading layer axis (no copy), when
+    they are laid out alike: the same shape and strides, each the same bytes after the one before
+    (every layer's rows of one size, as models without per-layer head counts have them); else
+    ``views`` as they are. A page's every layer then moves in one copy instead of one a layer."""
+    if not views:
+        return views
+    first = views[0]
+    if any(v.shape != first.shape or v.strides != first.strides for v in views):
+        return views
+    starts = [v.__array_interface__["data"][0] for v in views]
+    step = starts[1] - starts[0] if len(starts) > 1 else 0
+    if any(b - a != step for a, b in zip(starts, starts[1:])):
+        return views
+    return np.lib.stride_tricks.as_strided(first, (len(views), *first.shape), (step, *first.strides),
+                                           writeable=first.flags.writeable)
+
+
+def _copy_cells(dst: np.ndarray | list[np.ndarray], src: np.ndarray | list[np.ndarray], at: int, begin: int,
+                end: int, axis: int) -> None:
+    """Cells ``[begin, end)`` of every layer's rows ``src`` into cells ``at..`` of ``dst``
+    (:func:`_stacked` each), the cells along ``axis`` (0: rows cell after cell, 1: transposed
+    V): one copy for all layers when both stack, else one a layer."""
+    cut = (slice(None),) * axis
+    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+        dst[(slice(None), *cut, slice(at, at + end - begin))] = src[(slice(None), *cut, slice(begin, end))]
+        return
+    for d, r in zip(dst, src):
+        d[(*cut, slice(at, at + end - begin))] = r[(*cut, slice(begin, end))]
 
 
 def split(state: bytes | bytearray | memoryview, bounds: list[int],
@@ -195,14 +222,29 @@ def split(state: bytes | bytearray | memoryview, bounds: list[int],
         return None
     if len(bounds) < 2 or bounds[0] != 0 or not np.array_equal(stream.positions, np.arange(bounds[-1])):
         return None
+    k_rows, v_rows = _stacked([rows for _, rows in stream.k]), _stacked([rows for _, rows in stream.v])
+    v_axis = 1 if stream.v_trans else 0
+    head = bytes(data[:8])
+    layouts: dict[int, _Layout] = {}  # by cell count: the pages of one count lie out their bytes alike
     parts: list[bytearray | None] = []
     for i, (begin, end) in enumerate(zip(bounds, bounds[1:])):
         if i in held:
             parts.append(None)
             continue
-        k = [[rows[begin:end]] for _, rows in stream.k]
-        v = [[rows[:, begin:end] if stream.v_trans else rows[begin:end]] for _, rows in stream.v]
-        parts.append(_state(bytes(data[:8]), n_stream, index, stream.seq, stream.positions[begin:end], stream, k, v))
+        count = end - begin
+        layout = layouts.get(count)
+        if layout is None:  # the first page of this count is framed whole, the others like it
+            frame = _frame(head, n_stream, index, stream.seq, stream.positions[begin:end], stream)[0]
+            layout = layouts[count] = _Layout.of(memoryview(frame), _one_stream(frame)[3])
+        out = bytearray(layout.size)
+        body = np.frombuffer(out, dtype=np.uint8)
+        body[layout.head_index] = layout.head_bytes
+        out[:8] = head
+        meta = body[layout.meta_at : layout.meta_at + 12 * count].view("<i4").reshape(count, 3)
+        meta[:, 0], meta[:, 1], meta[:, 2] = stream.positions[begin:end], 1, stream.seq
+        _copy_cells(layout.rows(body, layout.k), k_rows, 0, begin, end, 0)
+        _copy_cells(layout.rows(body, layout.v), v_rows, 0, begin, end, v_axis)
+        parts.append(out)
     return parts
 
 
@@ -225,7 +267,7 @@ def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = N
     data, n_stream, index, first = _one_stream(parts[0])
     heads = _Layout.of(data, first).heads
     layouts: dict[tuple[int, int], _Layout] = {}  # by (stream, cells): a part's may be any stream
-    positions, k, v = [], [[] for _ in first.k], [[] for _ in first.v]
+    positions, entries = [], []
     for part in parts:
         body = np.frombuffer(part, dtype=np.uint8)
         if len(body) < 12 + 4 * n_stream:
@@ -241,18 +283,21 @@ def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = N
                 raise ValueError("states of different layouts")
             layouts[(i, len(stream.positions))] = layout
         positions.append(layout.cells(body))
-        for layer, at in enumerate(layout.k_at):
-            k[layer].append(body[at : at + layout.k_bytes[layer]])
-        for layer, at in enumerate(layout.v_at):
-            piece = body[at : at + layout.v_bytes[layer]]
-            v[layer].append(piece.reshape(layout.v_shape[layer]) if first.v_trans else piece)
+        entries.append((layout, body))
     cells = np.concatenate(positions).astype(np.int64)
     if len(cells) > 1 and not bool(np.all(cells[1:] > cells[:-1])):
         raise ValueError("positions not ascending")
     if into is not None and any(np.may_share_memory(np.frombuffer(into, np.uint8), np.frombuffer(p, np.uint8))
                                 for p in parts):
         into = None
-    return _state(bytes(data[:8]), n_stream, index, first.seq, cells, first, k, v, into)
+    out, k, v = _frame(bytes(data[:8]), n_stream, index, first.seq, cells, first, into)
+    k_to, v_to, v_axis = _stacked(k), _stacked(v), 1 if first.v_trans else 0
+    at = 0
+    for layout, body in entries:
+        _copy_cells(k_to, layout.rows(body, layout.k), at, 0, layout.count, 0)
+        _copy_cells(v_to, layout.rows(body, layout.v), at, 0, layout.count, v_axis)
+        at += layout.count
+    return out
 
 
 @dataclass(frozen=True)
@@ -264,11 +309,8 @@ class _Layout:
     size: int
     meta_at: int
     count: int
-    k_at: tuple[int, ...]
-    k_bytes: tuple[int, ...]
-    v_at: tuple[int, ...]
-    v_bytes: tuple[int, ...]
-    v_shape: tuple[tuple[int, ...], ...]
+    k: tuple  # where the K rows lie: (offset, shape, strides) of them stacked, or per layer (offset, shape)
+    v: tuple  # the V rows likewise
     head_index: np.ndarray  # the offsets of every header byte (the layer headers and the prefix)
     head_bytes: np.ndarray
     heads: tuple  # the layer headers and V layout, to compare layouts of different counts
@@ -280,20 +322,32 @@ class _Layout:
         def at(a: np.ndarray) -> int:  # where a view into ``data`` starts
             return a.__array_interface__["data"][0] - base.__array_interface__["data"][0]
 
+        def where(layers: list[tuple[bytes, np.ndarray]]) -> tuple:
+            rows = _stacked([r for _, r in layers])
+            if isinstance(rows, np.ndarray):
+                return (at(rows), rows.shape, rows.strides)
+            return tuple((at(r), r.shape) for r in rows)
+
         count = len(stream.positions)
         meta_at = at(stream.positions) if count else 0
-        k_at = tuple(at(rows) for _, rows in stream.k)
-        v_at = tuple(at(rows) for _, rows in stream.v)
         head = np.ones(len(base), dtype=bool)
         head[4:8] = False  # the sequence id the part was exported from
         head[meta_at : meta_at + 12 * count] = False
-        for a, (_, rows) in zip(k_at + v_at, stream.k + stream.v):
-            head[a : a + rows.nbytes] = False
+        for _, rows in stream.k + stream.v:
+            head[at(rows) : at(rows) + rows.nbytes] = False
         index = np.nonzero(head)[0]
         heads = (tuple(h for h, _ in stream.k), tuple(h for h, _ in stream.v), stream.v_trans)
-        return _Layout(len(base), meta_at, count, k_at, tuple(r.nbytes for _, r in stream.k), v_at,
-                       tuple(r.nbytes for _, r in stream.v), tuple(r.shape for _, r in stream.v),
-                       index, base[index].copy(), heads)
+        return _Layout(len(base), meta_at, count, where(stream.k), where(stream.v), index, base[index].copy(), heads)
+
+    @staticmethod
+    def rows(body: np.ndarray, where: tuple) -> np.ndarray | list[np.ndarray]:
+        """The rows at ``where`` (:attr:`k` or :attr:`v`) of ``body``, a state of this layout
+        (checked by :meth:`cells`, or one being written): stacked, or one view a layer
+        (:func:`_stacked`); writable when ``body`` is."""
+        if where and isinstance(where[0], int):
+            offset, shape, strides = where
+            return np.lib.stride_tricks.as_strided(body[offset:], shape, strides, writeable=body.flags.writeable)
+        return [body[offset : offset + math.prod(shape)].reshape(shape) for offset, shape in where]
 
     def cells(self, body: np.ndarray) -> np.ndarray:
         """The positions of ``body``, a state of this layout; ValueError when it is not one."""
