@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from runner.kvstore.disk import PAGE_SUFFIX, SUFFIX, DiskStore
-from runner.kvstore.key import DIGEST, Fingerprint, chain
+from runner.kvstore.key import Fingerprint, chain
 from runner.kvstore.ram import Hit, RamStore
 from runner.kvstore.store import PromptStore, Tiers
 
@@ -215,9 +215,9 @@ def test_saves_never_wait_for_the_disk(tmp_path, monkeypatch):
     gate = __import__("threading").Event()
     real_write = DiskStore.write
 
-    def slow_write(self, chain_, state):
+    def slow_write(self, chain_, state, *calm):
         gate.wait(10)
-        return real_write(self, chain_, state)
+        return real_write(self, chain_, state, *calm)
 
     monkeypatch.setattr(DiskStore, "write", slow_write)
     first, second = tokens(300), tokens(300, 5000)
@@ -227,6 +227,30 @@ def test_saves_never_wait_for_the_disk(tmp_path, monkeypatch):
     gate.set()
     assert s.flush(10)
     assert len(files(tmp_path)) == 1
+
+
+def test_the_writer_keeps_out_of_a_prompt_s_way_for_a_bounded_time(tmp_path, monkeypatch):
+    """While a load serves a prompt (a request waits for its first token), no file is started;
+    the save is written once the prompt is served, or after HOLD seconds whatever happens."""
+    from runner.kvstore import disk as disk_mod
+
+    s = store_on(tmp_path, paged=True)
+    owner = object()
+    monkeypatch.setattr(disk_mod, "HOLD", 30.0)
+    DiskStore.hold(owner, True)
+    try:
+        conv = tokens(40)
+        assert s.save(conv, rows_for(conv))
+        assert not s.flush(0.3) and files(tmp_path) == []  # held: nothing written yet
+        DiskStore.hold(owner, False)
+        assert s.flush(10) and len(files(tmp_path)) == 3  # written once the prompt was served
+        monkeypatch.setattr(disk_mod, "HOLD", 0.2)
+        DiskStore.hold(owner, True)  # a load that serves prompts without a pause
+        other = tokens(40, 900)
+        assert s.save(other, rows_for(other))
+        assert s.flush(10) and len(files(tmp_path)) == 6  # written anyway after HOLD
+    finally:
+        DiskStore.hold(owner, False)
 
 
 # ------------------------------------------------------------------------------------- pages
@@ -279,7 +303,7 @@ def test_a_damaged_page_ends_the_restore_before_it(tmp_path, damage):
     if damage == "truncate":
         fourth.write_bytes(data[:-10])
     elif damage == "flip":
-        data[-DIGEST - 3] ^= 0x40  # inside the state: only the checksum sees it
+        data[-7] ^= 0x40  # inside the state (before the 4-byte CRC): only the checksum sees it
         fourth.write_bytes(data)
     elif damage == "missing":
         fourth.unlink()  # another server evicted it

@@ -5,7 +5,7 @@ One file per page (:mod:`.ram`: a block of a state, or the partial block at its 
 conversations share is one file; one file per whole state (a sliding window's),
 ``<key>.kv``, named by the key of exactly its inputs (:meth:`runner.kvstore.key.Chain.key`)::
 
-    b"PKVS" | u32 version | u32 header length | header (JSON) | state | BLAKE2b-256 of all before
+    b"PKVS" | u32 version | u32 header length | header (JSON) | state | CRC-32 of all before
 
 The header holds the fingerprint root, the key, the parent's key (the inputs before the page; the
 root for a whole state), the inputs' range and the inputs themselves (token ids; images as
@@ -13,7 +13,10 @@ root for a whole state), the inputs' range and the inputs themselves (token ids;
 trusted only whole: its size must match the header, the header's inputs must hash (after the
 parent, or under the root) to the key it is named by, and at a restore the checksum must match.
 A truncated, corrupted, foreign (another name, another key than its inputs give) or unreadable
-file is removed, never restored. A state of another model or setting is never found: its keys
+file is removed, never restored. The checksum is for damage (a torn or flipped file), not for
+forgery: a file's trust is its place in the user's own folder and its key, which its inputs
+must hash to; a CRC-32 costs a fifth of a BLAKE2b-256 (10 against 43 ms for a 53 MB state here),
+time a restore after a restart waits for and a write takes from a turn's decode. A state of another model or setting is never found: its keys
 chain from another fingerprint.
 
 Files are written whole under a temporary name and renamed into place (the model store's
@@ -23,6 +26,11 @@ user's alone (0600, in a 0700 folder). Every path comes from the folder's own
 :class:`runner.store.layout.Layout`, which proves it inside ``POLLAMA_CACHE_DIR``. Writes happen on
 a thread of their own (:meth:`DiskStore.save_later`): the batch loop never waits on the disk.
 What is pending is bounded (:data:`PENDING_LIMIT`); past it, a save is dropped, not waited for.
+The writer also keeps out of a request's way: while a loop serves a prompt (a request admitted
+and waiting for its first token, :meth:`DiskStore.hold`), it starts no file, for at most
+:data:`HOLD` seconds a save, and writes in the gaps between prompts and while tokens decode.
+A restored turn is mostly Python (joining pages, importing them), which a writer's work beside it
+slowed by half (the interpreter's lock and the two cores are shared).
 
 The files are indexed in memory like the RAM tier (a :class:`~.ram.RamStore` whose states are
 file names), least recently used first by modification time, which a save or a restore renews
@@ -37,7 +45,6 @@ cache, never a corruption.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,23 +52,28 @@ import queue
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..store.blobs import remove, write_atomic
 from ..store.layout import Layout, OutsideStore
-from .key import DIGEST, Chain, Page, chain, page_key
+from .key import Chain, Page, chain, page_key
 from .ram import Entry, Hit, RamStore, Ref
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"PKVS"
-VERSION = 2  # 1: whole states only
+VERSION = 3  # 1: whole states only; 2: a BLAKE2b-256 trailer
 SUFFIX = ".kv"
 PAGE_SUFFIX = ".page" + SUFFIX
 _PREFIX = struct.Struct("<4sII")  # magic, version, header length
+_CHECK = struct.Struct("<I")  # the CRC-32 trailer
 PENDING_LIMIT = 512 << 20  # bytes of states waiting for the writer; saves beyond it are dropped
+HOLD = 2.0  # seconds a save waits in all for the loops' prompts to pass; then it is written anyway
+_holders: set[int] = set()  # the loads serving a prompt now (:meth:`DiskStore.hold`), process-wide
+_calm = threading.Condition()
 MAX_HEADER = 64 << 20  # a header larger than this is damage, not a long prompt
 
 
@@ -161,7 +173,8 @@ class DiskStore:
             if (header["end"], header["start"], header["whole"]) != (entry.end, entry.start, entry.whole) or \
                     bytes.fromhex(header["key"]) != entry.key:
                 raise Damaged("another state than indexed")
-            if hashlib.blake2b(memoryview(data)[:-DIGEST], digest_size=DIGEST).digest() != bytes(data[-DIGEST:]):
+            end = len(data) - _CHECK.size
+            if zlib.crc32(memoryview(data)[:end]) != _CHECK.unpack_from(data, end)[0]:
                 raise Damaged("checksum mismatch")
         except FileNotFoundError:
             self._forget(entry, remove_file=False)  # another server evicted it
@@ -170,7 +183,7 @@ class DiskStore:
             log.warning("prompt cache: ignoring %s (%s)", name, err)
             self._forget(entry, remove_file=True)
             return None
-        del data[-DIGEST:]
+        del data[-_CHECK.size :]
         del data[:start]
         return data
 
@@ -178,10 +191,14 @@ class DiskStore:
         """Mark ``entries``' files used for the next scan (this one's or another server's): one
         time for all, which a scan orders later pages first."""
         now = time.time_ns()
-        for entry in entries:
+        try:
+            paths = self.layout.entries(("kv",), [entry.state for entry in entries])  # one check for all
+        except OutsideStore:
+            return
+        for path in paths:
             try:
-                os.utime(self._path(entry.state), ns=(now, now))
-            except (OSError, OutsideStore):
+                os.utime(path, ns=(now, now), follow_symlinks=False)
+            except OSError:
                 pass  # gone meanwhile: the next read finds out
 
     def holds(self, chain_: Chain) -> bool:
@@ -223,6 +240,26 @@ class DiskStore:
         self._pending.put((chain_, state if pages is None else None, pages))
         return True
 
+    @staticmethod
+    def hold(owner: object, serving: bool) -> None:
+        """``owner`` (one load's store) is serving a prompt (True: a request waits for its first
+        token) or no longer is (False). No disk writer of the process starts a file while any
+        load is (the cores are the process's), for at most :data:`HOLD` seconds a save."""
+        with _calm:
+            if serving:
+                _holders.add(id(owner))
+            else:
+                _holders.discard(id(owner))
+                _calm.notify_all()
+
+    @staticmethod
+    def _wait_calm(deadline: float | None) -> None:
+        """Wait until no load serves a prompt, or ``deadline`` (``time.monotonic``) passed."""
+        if deadline is None:
+            return
+        with _calm:
+            _calm.wait_for(lambda: not _holders, timeout=max(0.0, deadline - time.monotonic()))
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued save is on disk (or ``timeout`` seconds); True when none is left."""
         with self._idle:
@@ -234,11 +271,12 @@ class DiskStore:
             item = self._pending.get()
             assert item is not None
             chain_, state, pages = item
+            deadline = time.monotonic() + HOLD
             try:
                 if pages is None:
-                    self.write(chain_, state)
+                    self.write(chain_, state, deadline)
                 else:
-                    self.write_pages(chain_, pages)
+                    self.write_pages(chain_, pages, deadline)
             except Exception as err:  # a full disk or a vanished folder costs a cache entry only
                 log.warning("prompt cache: could not write a state of %d inputs (%s)", chain_.n, err)
             finally:
@@ -246,9 +284,10 @@ class DiskStore:
                     self._pending_bytes -= _pages_size(pages) if pages is not None else len(state)
                     self._idle.notify_all()
 
-    def write(self, chain_: Chain, state: Any) -> bool:
+    def write(self, chain_: Chain, state: Any, calm: float | None = None) -> bool:
         """Write ``state``, the whole state of exactly ``chain_``'s inputs, now; False when it is
-        too large for the bound. Evicts the least recently used files to stay within it."""
+        too large for the bound. Evicts the least recently used files to stay within it.
+        ``calm``: first wait until no load serves a prompt, at most until then (``time.monotonic``)."""
         entry = Entry.of_state(chain_, _name(chain_.key(), True), 0)
         header, size = _header(chain_.prefixes[0], entry, len(state), self.block)
         entry.nbytes += size
@@ -256,54 +295,52 @@ class DiskStore:
             return False
         if self._index.get(entry.key) is not None:
             return True
+        self._wait_calm(calm)
         self._write_file(entry.state, header, state)
         with self._lock:
             self._scanned.add(entry.state)
             self._index.put(chain_, entry.state, size)
         return True
 
-    def write_pages(self, chain_: Chain, parts: Sequence[Any]) -> int:
+    def write_pages(self, chain_: Chain, parts: Sequence[Any], calm: float | None = None) -> int:
         """Write the pages of ``chain_``'s state not on disk yet (``parts[i]``: the state of
         ``chain_.pages()[i]``, or None where the caller found it on disk already: a None page
         that is gone meanwhile ends what is kept) and mark the others used; how many of its
         pages, from the first, are on disk afterwards (0: too large for the bound). Evicts the
-        least recently used files to stay within it."""
-        pages = chain_.pages()
+        least recently used files to stay within it. ``calm``: before each file, wait until no
+        load serves a prompt, at most until then (``time.monotonic``)."""
         root = chain_.prefixes[0]
-        files = []
-        for page, part in zip(pages, parts):
-            entry = Entry.of_page(page, chain_.inputs[page.start : page.end], _name(page.key, False), 0)
-            header, size = _header(root, entry, 0 if part is None else len(part), self.block)
-            files.append((entry, header, size, part))
-        if sum(entry.nbytes + size for entry, _, size, _ in files) > self.limit:
+        entries = [Entry.of_page(page, chain_.inputs[page.start : page.end], _name(page.key, False), 0)
+                   for page in chain_.pages()]
+        if sum(entry.nbytes for entry in entries) + _pages_size(parts) > self.limit:  # headers aside
             return 0
         written, items = [], []
-        for entry, header, size, part in files:
+        for entry, part in zip(entries, parts):
             if self._index.page(entry.key) is not None:
                 items.append(None)
                 continue
             if part is None:
                 break  # evicted since the caller looked: the pages after it are unreachable
+            header, size = _header(root, entry, len(part), self.block)  # only the pages written
+            self._wait_calm(calm)
             self._write_file(entry.state, header, part)
             written.append(entry.state)
             items.append((entry.state, size))
         with self._lock:
             self._scanned.update(written)
             kept = self._index.put_pages(chain_, items)
-        for entry, _, _, _ in files[kept:]:  # after a page evicted meanwhile: unreachable
+        for entry in entries[kept:]:  # after a page evicted meanwhile: unreachable
             if entry.state in written:
                 self._remove(entry.state)
-        self._renew([entry for entry, _, _, _ in files[:kept]])
+        self._renew(entries[:kept])
         return kept
 
     def _write_file(self, name: str, header: bytes, state: Any) -> None:
         prefix = _PREFIX.pack(MAGIC, VERSION, len(header))
-        digest = hashlib.blake2b(prefix, digest_size=DIGEST)
-        digest.update(header)
-        digest.update(state)
+        check = zlib.crc32(state, zlib.crc32(header, zlib.crc32(prefix)))
         folder = self._folder()
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(self.layout, self._path(name), [prefix, header, state, digest.digest()], mode=0o600)
+        write_atomic(self.layout, folder / name, [prefix, header, state, _CHECK.pack(check)], mode=0o600)
 
     # ------------------------------------------------------------------------------ scans
     def refresh(self) -> None:
@@ -348,7 +385,7 @@ class DiskStore:
                 raise Damaged("not a prompt cache file of this version")
             header_bytes = fh.read(length)
         header, _ = _parse(head + header_bytes, name, whole=False)
-        if size != _PREFIX.size + length + header["state_bytes"] + DIGEST:
+        if size != _PREFIX.size + length + header["state_bytes"] + _CHECK.size:
             raise Damaged("truncated")
         root, key, block = bytes.fromhex(header["root"]), bytes.fromhex(header["key"]), int(header["block"])
         inputs = _inputs_of(header["inputs"])
@@ -394,7 +431,7 @@ def _header(root: bytes, entry: Entry, state_bytes: int, block: int) -> tuple[by
                          "whole": entry.whole, "start": entry.start, "end": entry.end, "block": block,
                          "state_bytes": state_bytes, "inputs": _inputs_json(entry.inputs)},
                         separators=(",", ":")).encode()
-    return header, _PREFIX.size + len(header) + state_bytes + DIGEST
+    return header, _PREFIX.size + len(header) + state_bytes + _CHECK.size
 
 
 def _parse(data: bytes | bytearray, name: str, whole: bool = True) -> tuple[dict, int]:
@@ -414,7 +451,7 @@ def _parse(data: bytes | bytearray, name: str, whole: bool = True) -> tuple[dict
         raise Damaged("named for another state")
     if not isinstance(header["end"], int) or not isinstance(header["state_bytes"], int) or header["state_bytes"] < 0:
         raise Damaged("bad header")
-    if whole and len(data) != start + header["state_bytes"] + DIGEST:
+    if whole and len(data) != start + header["state_bytes"] + _CHECK.size:
         raise Damaged("truncated")
     return header, start
 

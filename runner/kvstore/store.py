@@ -189,6 +189,13 @@ class PromptStore:
         if disk is not None:
             disk.forget(refs)
 
+    def serving(self, on: bool) -> None:
+        """This load has a request waiting for its first token (True) or none now (False): the
+        disk tier's writer starts no file meanwhile (:meth:`.disk.DiskStore.hold`)."""
+        disk = self.tiers.disk
+        if disk is not None:
+            disk.hold(self, on)
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the disk writes queued so far (at an unload, before the process may exit)."""
         disk = self.tiers.disk

@@ -130,6 +130,7 @@ class BatchRunner:
         self._seqs: list[Sequence | EmbedJob | None] = [None] * num_parallel
         self._next_seq = 0
         self._closed = False
+        self._serving = False  # a request waits for its first token (the store's disk writer holds off)
         self._thread = threading.Thread(target=self._run, name=f"runner:{engine.info.name}", daemon=True)
 
     @property
@@ -241,6 +242,7 @@ class BatchRunner:
         store = self.cache.store
         if store is None:
             return
+        self._serve(False)  # the writes wait for no prompt of this load any more
         try:
             self.decoder.close()  # no decode may still be writing the KV cache
             self.cache.save_all()
@@ -277,9 +279,12 @@ class BatchRunner:
     def _run(self) -> None:
         while True:
             with self._lock:
+                self._serve(self._serving_now())  # before an admission saves a slot for the disk
                 self._admit()
                 while not self._closed and not any(self._seqs):
+                    self._serve(False)
                     self._lock.wait()
+                    self._serve(self._serving_now())
                     self._admit()
                 if self._closed:
                     return
@@ -295,6 +300,20 @@ class BatchRunner:
                     elif seq is not None:
                         seq.output.put(failure)
                         self._release(i, seq)
+
+    def _serving_now(self) -> bool:
+        """Whether a request waits for its first token: queued, evaluating its prompt, or an
+        embedding (all prompt)."""
+        return bool(self._waiting) or any(isinstance(entry, EmbedJob) or (entry is not None and not entry.output.t_first)
+                                          for entry in self._seqs)
+
+    def _serve(self, serving: bool) -> None:
+        """Tell the prompt store when this load starts and stops serving prompts: its disk
+        writer starts no file meanwhile (:meth:`runner.kvstore.disk.DiskStore.hold`), since a
+        restored turn's joins and imports are Python that a write beside them slows."""
+        if serving != self._serving and self.cache.store is not None:
+            self.cache.store.serving(serving)
+        self._serving = serving
 
     def _admit(self) -> None:
         """Give free sequence entries to waiting sequences, in arrival order (lock held).

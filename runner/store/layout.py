@@ -24,7 +24,7 @@ import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from ..api import InvalidRequest
 from .names import Name
@@ -57,15 +57,33 @@ class Layout:
         Raises :class:`OutsideStore`.
         """
         for part in parts:
-            if (not isinstance(part, str) or part in ("", ".", "..") or "/" in part
-                    or os.sep in part or "\x00" in part):
-                raise OutsideStore(f"invalid {self.what} path component {part!r}")
+            self._component(part)
         root = self.root.resolve()
         path = root.joinpath(*parts)
         real = path.resolve()
         if real != root and root not in real.parents:
             raise OutsideStore(f"{'/'.join(parts)} lies outside the {self.what}")
         return path
+
+    def entries(self, folder: tuple[str, ...], names: Iterable[str]) -> list[Path]:
+        """``root/folder.../name`` for each of ``names``, the folder proven inside the store
+        once (:meth:`inside`) and each name one plain component: for many files of one folder
+        at once (the prompt store marks a conversation's pages used together). A name's own
+        symbolic link is not resolved: use these paths only with calls that do not follow it
+        (``os.utime(..., follow_symlinks=False)``, ``lstat``, ``unlink``)."""
+        where = self.inside(*folder)
+        out = []
+        for name in names:
+            self._component(name)
+            out.append(where / name)
+        return out
+
+    def _component(self, part: str) -> None:
+        """Raise :class:`OutsideStore` unless ``part`` is one plain path component (not empty,
+        ``.`` or ``..``, no separator or NUL)."""
+        if (not isinstance(part, str) or part in ("", ".", "..") or "/" in part
+                or os.sep in part or "\x00" in part):
+            raise OutsideStore(f"invalid {self.what} path component {part!r}")
 
     def recheck(self, path: Path) -> Path:
         """``path`` (one this layout made) checked again, just before it is written or removed."""
