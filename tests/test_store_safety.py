@@ -129,6 +129,29 @@ def test_layout_inside_refuses_escapes_and_links(tmp_path):
         layout.recheck(tmp_path / "outside" / "x")
 
 
+def test_layout_entries_check_the_folder_once_and_every_name(tmp_path):
+    """Many files of one folder (the prompt store's pages): the folder proven inside, each name one
+    plain component; a name's own link is not followed by the callers (``utime`` without it)."""
+    cache = tmp_path / "cache"
+    (cache / "kv").mkdir(parents=True)
+    layout = Layout(cache, "prompt cache")
+    assert layout.entries(("kv",), ["a.kv", "b.kv"]) == [cache.resolve() / "kv" / "a.kv", cache.resolve() / "kv" / "b.kv"]
+    for bad in ("..", ".", "", "a/b", "x\x00", "/etc"):
+        with pytest.raises(OutsideStore):
+            layout.entries(("kv",), ["a.kv", bad])
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", cache / "evil")
+    with pytest.raises(OutsideStore):
+        layout.entries(("evil",), ["a.kv"])  # the folder itself is checked, links resolved
+    target = tmp_path / "outside" / "victim"
+    target.write_bytes(b"x")
+    os.utime(target, ns=(1, 1))
+    os.symlink(target, cache / "kv" / "page.kv")
+    (path,) = layout.entries(("kv",), ["page.kv"])
+    os.utime(path, ns=(2, 2), follow_symlinks=False)  # as the disk tier renews: the link, not its target
+    assert target.stat().st_mtime_ns == 1
+
+
 # ------------------------------------------------------------------------- in-process fuzzing
 _TOKENS = ["..", ".", "/", "//", ":", "\\", "~", "victim", "dir", "file", "x", "registry.ollama.ai",
            "library", "%2e%2e", "\x00", " ", "@", "+", "sha256-", "-", "_", "ü"]

@@ -121,6 +121,7 @@ class DiskStore:
         self._lock = threading.Lock()  # scans and index changes
         self._pending: queue.Queue[tuple[Chain, Any, list[Any] | None] | None] = queue.Queue()
         self._pending_bytes = 0
+        self._queued: dict[bytes, int] = {}  # page keys a queued save carries, and how many saves do
         self._idle = threading.Condition()
         self._writer: threading.Thread | None = None
 
@@ -209,6 +210,14 @@ class DiskStore:
         """The page indexed under ``key`` (its file written); None when not."""
         return self._index.page(key)
 
+    def has_page(self, key: bytes) -> bool:
+        """Whether the page filed under ``key`` is on disk or in a save queued for the writer
+        (which writes saves in order: a later save may leave it out)."""
+        with self._idle:
+            if key in self._queued:
+                return True
+        return self._index.page(key) is not None
+
     def forget(self, refs: Sequence[Ref]) -> None:
         """Remove the files of ``refs`` (their state was refused by the engine), and of the
         pages after them."""
@@ -234,6 +243,8 @@ class DiskStore:
                 log.debug("prompt cache: %d bytes pending for the disk, dropping a save", self._pending_bytes)
                 return False
             self._pending_bytes += size
+            for key in _page_keys(chain_, pages):
+                self._queued[key] = self._queued.get(key, 0) + 1
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
                 self._writer.start()
@@ -282,6 +293,11 @@ class DiskStore:
             finally:
                 with self._idle:
                     self._pending_bytes -= _pages_size(pages) if pages is not None else len(state)
+                    for key in _page_keys(chain_, pages):
+                        if self._queued[key] == 1:
+                            del self._queued[key]
+                        else:
+                            self._queued[key] -= 1
                     self._idle.notify_all()
 
     def write(self, chain_: Chain, state: Any, calm: float | None = None) -> bool:
@@ -454,6 +470,13 @@ def _parse(data: bytes | bytearray, name: str, whole: bool = True) -> tuple[dict
     if whole and len(data) != start + header["state_bytes"] + _CHECK.size:
         raise Damaged("truncated")
     return header, start
+
+
+def _page_keys(chain_: Chain, pages: Sequence[Any] | None) -> list[bytes]:
+    """The keys of the pages a save carries (not the ones it leaves out, None)."""
+    if pages is None:
+        return []
+    return [page.key for page, part in zip(chain_.pages(), pages) if part is not None]
 
 
 def _pages_size(pages: Sequence[Any]) -> int:

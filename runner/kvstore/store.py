@@ -115,25 +115,38 @@ class PromptStore:
         if len(inputs) < MIN_INPUTS:
             return False
         found = chain(self._root, inputs, self.block)
+        ram, disk = self.tiers.ram, self.tiers.disk
         parts = self._split(found, state)
         if parts is None:
-            kept = self.tiers.ram.put(found, state, len(state))
+            kept = ram.put(found, state, len(state))
         else:
-            kept = self.tiers.ram.put_pages(found, [None if p is None else (p, len(p)) for p in parts]) > 0
-        disk = self.tiers.disk
+            kept = ram.put_pages(found, [None if p is None else (p, len(p)) for p in parts]) > 0
         if disk is not None and not disk.holds(found):
+            if parts is not None:  # what the disk lacks: the pages cut now, or RAM's (the same bytes)
+                parts = [None if disk.has_page(page.key) else part if part is not None else self._ram_page(page.key)
+                         for page, part in zip(found.pages(), parts)]
             kept = disk.save_later(found, state if parts is None else parts) or kept
         return kept
 
+    def _ram_page(self, key: bytes) -> Any:
+        entry = self.tiers.ram.page(key)
+        return None if entry is None else entry.state
+
     def _split(self, found: Chain, state: Any) -> list[Any] | None:
-        """``state`` cut into ``found``'s pages, None in place of each page every tier holds
-        already (a conversation that came back from the store adds only its new pages: cutting
-        the others again is most of a save's time); None when the engine keeps it whole."""
+        """``state`` cut into ``found``'s pages, None in place of each page the tiers need not
+        have cut: one RAM holds (it gives the disk its bytes too), or with the RAM tier off one
+        the disk has or has queued. A conversation that came back from the store adds only its
+        new pages: cutting the others again is most of a save's time. None when the engine keeps
+        it whole."""
         if self.pager is None:
             return None
         pages = found.pages()
-        tiers = [t for t in (self.tiers.ram if self.tiers.ram.limit > 0 else None, self.tiers.disk) if t is not None]
-        held = {i for i, page in enumerate(pages) if all(t.page(page.key) is not None for t in tiers)}
+        if self.tiers.ram.limit > 0:
+            held = {i for i, page in enumerate(pages) if self.tiers.ram.page(page.key) is not None}
+        elif self.tiers.disk is not None:
+            held = {i for i, page in enumerate(pages) if self.tiers.disk.has_page(page.key)}
+        else:
+            held = set()
         parts = self.pager.split_state(state, [page.start for page in pages] + [found.n], held)
         return None if parts is None else list(parts)
 
