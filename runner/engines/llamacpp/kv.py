@@ -81,6 +81,7 @@ class LlamaKv:
         self._joined = bytearray()  # the last joined state: the next join writes into it
         self._exported = bytearray()  # the last export's buffer: the next export reuses it if free
         self._relaid = bytearray()  # the last window relaid for an import: the next one writes into it
+        self._spare: bytearray | None = None  # a whole state relaid and imported: free once its caller lets go
 
     def seq_rm(self, seq: int, begin: int, end: int | None) -> bool:
         done = bool(L.llama_memory_seq_rm(self.mem, seq, begin, -1 if end is None else end))
@@ -126,7 +127,11 @@ class LlamaKv:
         # copies): a new 50 MB buffer costs ~13,000 first-touch page faults, more than the copy.
         # Held (a state kept whole, a caller's view), it stays theirs and a new one is made.
         if len(self._exported) < size or sys.getrefcount(self._exported) > 2:
-            self._exported = bytearray(size + size // 8)  # room to grow by a turn or two
+            spare, self._spare = self._spare, None  # a whole state imported since: nothing reads it now
+            if spare is not None and len(spare) >= size and sys.getrefcount(spare) <= 2:
+                self._exported = spare
+            else:
+                self._exported = bytearray(size + size // 8)  # room to grow by a turn or two
         buf = self._exported
         state = memoryview(buf)[:size]
         got = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(buf), size, seq)
@@ -143,11 +148,14 @@ class LlamaKv:
         relaid = relay_window(state, self.ring, self._relaid) if self.window > 0 else None
         if relaid is not None:
             blob, own = relaid
-            if isinstance(blob, bytearray) and blob is not state:
-                self._relaid = blob  # the next relay writes into it
+            if isinstance(blob, memoryview) and isinstance(blob.obj, bytearray) and blob.obj is not state:
+                self._relaid = blob.obj  # the next relay writes into it
             if self._set(seq, blob):
                 if own > L.llama_memory_seq_pos_min(self.mem, seq):
                     self._own[seq] = own
+                whole = state.obj if isinstance(state, memoryview) else state
+                if blob is not state and isinstance(whole, bytearray):
+                    self._spare = whole  # a state kept whole, read now: the next export may take its buffer
                 return True
             log.warning("llama.cpp refused sequence %d's window in ring order (%d cells); importing it as saved",
                         seq, self.ring)

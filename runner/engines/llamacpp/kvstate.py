@@ -367,7 +367,8 @@ def relay_window(state: bytes | bytearray | memoryview, ring: int,
     own from there, fillers below. None when the state is not a sliding-window model's sequence
     whose window fits ``ring`` cells once each (the caller imports it as it is). ``into``: a
     buffer (not ``state``'s) to write the result at the start of when it is large enough, as
-    :func:`join` does; the import reads it at once."""
+    :func:`join` does; the import reads it at once. The result is a view of ``into``, or of a new
+    buffer with room to spare (its ``obj``), for the caller's next relay."""
     try:
         data, start, (_, window) = _read(state)
     except (ValueError, struct.error):
@@ -417,8 +418,9 @@ def relay_window(state: bytes | bytearray | memoryview, ring: int,
         return len(piece)
 
     size = sum(nbytes(piece) for piece in pieces)
-    out: bytearray | memoryview = memoryview(into)[:size] if into is not None and len(into) >= size \
-        else bytearray(size)
+    if into is None or len(into) < size:
+        into = bytearray(size + size // 4)  # room for a turn or two more: the caller reuses it
+    out = memoryview(into)[:size]
     body = np.frombuffer(out, dtype=np.uint8)
     # the filler cells: one run (a slice) unless the window wrapped oddly (then by index)
     fill: slice | np.ndarray = slice(int(cell[0]), int(cell[-1]) + 1) \
