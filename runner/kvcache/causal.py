@@ -488,12 +488,6 @@ def _element_rows(storage: Any) -> tuple[np.ndarray, bool]:
     return every, False
 
 
-def _one_run(cells: np.ndarray) -> bool:
-    """Whether ``cells`` are consecutive and ascending (a slot filled in order): a slice then
-    copies several times faster than an index."""
-    return int(cells[-1]) - int(cells[0]) + 1 == len(cells) and bool(np.all(np.diff(cells) == 1))
-
-
 def _read_columns(storage: Any, cells: np.ndarray, out: np.ndarray) -> None:
     """Permuted V: column ``cells[i]`` of every element row into ``out``'s element rows, at
     ``i`` (uint8 ``(width, len(cells) * element size)``: the snapshot's permuted V)."""
@@ -501,10 +495,8 @@ def _read_columns(storage: Any, cells: np.ndarray, out: np.ndarray) -> None:
         return
     every, _ = _element_rows(storage)
     dest = out.view(every.dtype)  # (width, len(cells))
-    if _one_run(cells):
-        dest[:] = every[:, int(cells[0]) : int(cells[-1]) + 1]
-    else:
-        np.take(every, cells, axis=1, out=dest)
+    for at, cell, length in _runs(cells):  # slices, several times faster than an index
+        dest[:, at : at + length] = every[:, cell : cell + length]
 
 
 def _write_columns(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
@@ -515,9 +507,7 @@ def _write_columns(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
         return
     every, in_place = _element_rows(storage)
     src = rows.view(every.dtype)  # (width, len(cells))
-    if _one_run(cells):
-        every[:, int(cells[0]) : int(cells[-1]) + 1] = src
-    else:
-        every[:, cells] = src
+    for at, cell, length in _runs(cells):  # slices, several times faster than an index
+        every[:, cell : cell + length] = src[:, at : at + length]
     if not in_place:
         storage.write_bytes(0, every)

@@ -323,13 +323,21 @@ def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None
     return out.finish()
 
 
-def pack(states: Sequence[bytes | bytearray]) -> bytearray:
-    """Several caches' states as one (a wrapper cache's), in order."""
-    out = bytearray(_WRAPPER.pack(_WRAPPER_MAGIC, VERSION, len(states)))
-    for s in states:
-        out += _LENGTH.pack(len(s))
-    for s in states:
-        out += s
+def pack(states: Sequence[bytes | bytearray | memoryview], into: bytearray | None = None) -> bytearray | memoryview:
+    """Several caches' states as one (a wrapper cache's), in order: written at the start of
+    ``into`` when it is large enough (a view of it is returned), else into a new buffer."""
+    head = _WRAPPER.size + len(states) * _LENGTH.size
+    size = head + sum(len(st) for st in states)
+    out: bytearray | memoryview = memoryview(into)[:size] if into is not None and len(into) >= size \
+        else bytearray(size)
+    _WRAPPER.pack_into(out, 0, _WRAPPER_MAGIC, VERSION, len(states))
+    at = _WRAPPER.size
+    for st in states:
+        _LENGTH.pack_into(out, at, len(st))
+        at += _LENGTH.size
+    for st in states:
+        out[at : at + len(st)] = st
+        at += len(st)
     return out
 
 

@@ -9,6 +9,7 @@ chosen by the model with :meth:`WrapperCache.set_layer_type`.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, Hashable, Sequence
 
 import numpy as np
@@ -36,6 +37,7 @@ class WrapperCache:
         self.caches: tuple[Cache, ...] = caches
         self.layer_types = tuple(layer_types)
         self._cur_type = 0
+        self._spare: bytearray | None = None  # the last whole state imported: the next export's buffer if free
 
     def set_layer_type(self, layer_type: int) -> None:
         """Select which wrapped cache the following ``get``/``put`` use (an index into
@@ -147,10 +149,17 @@ class WrapperCache:
         layouts = [c.state_layout for c in self.caches]
         return "" if not all(layouts) else "wrapper[" + "; ".join(layouts) + "]"
 
-    def export_seq(self, seq: int) -> bytearray:
+    def export_seq(self, seq: int) -> bytearray | memoryview:
         """Every wrapped cache's state of ``seq``, packed in order (:func:`snapshot.pack`): a
-        sliding-window cache's holds only the window it kept."""
-        return snapshot.pack([c.export_seq(seq) for c in self.caches])
+        sliding-window cache's holds only the window it kept. Packed into the buffer of the
+        last whole state imported, when nothing holds it any more (the prompt store keeps a
+        wrapper's states whole, so an export's own buffer stays the store's): a new 20 MB buffer
+        costs thousands of first-touch page faults."""
+        states = [c.export_seq(seq) for c in self.caches]
+        spare, self._spare = self._spare, None
+        if spare is not None and sys.getrefcount(spare) > 2:
+            spare = None
+        return snapshot.pack(states, spare)
 
     def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
         """Each wrapped cache imports its part; when one refuses, ``seq`` is removed from all of
@@ -161,6 +170,9 @@ class WrapperCache:
             log.warning("KV state of sequence %d refused: %s", seq, err)
             parts = None
         if parts is not None and all(c.import_seq(seq, part) for c, part in zip(self.caches, parts)):
+            whole = data.obj if isinstance(data, memoryview) else data
+            if isinstance(whole, bytearray):
+                self._spare = whole  # read now: the next export may pack into it
             return True
         for c in self.caches:
             c.remove(seq, 0, None)
