@@ -5,10 +5,13 @@ and llama.cpp's `llama-server --cache-ram` side by side.
         [--sizes 2048,4096,8000] [--threads 2] [--engines old,new] [--models smollm2,gemma3]
         [--disk-mib 8192] [--skip turns,off,server,restore] [--llama-server PATH]
 
-(a) Per model, per ``--convs`` N and per engine (interleaved in that order, llama-server after
-the two engines): N conversations of ~``--tokens`` tokens take turns on one slot (raw prompts,
-greedy, one generated token: TTFT = the request's wall time, in process). Each conversation starts
-with its own word, so no two share a first token.
+(a) Per model and per ``--convs`` N: N conversations of ~``--tokens`` tokens take turns on one
+slot (raw prompts, greedy, one generated token: TTFT = the request's wall time, in process), on
+each engine and on llama-server, all loaded at once and **interleaved turn by turn**
+(conversation k's turn on the old engine, the new engine, then llama-server), so a machine that
+slows down for a while (this one is 2 shared cores) slows every runner alike. While llama-server
+takes a turn, pollama's disk writers hold off as for pollama's own prompts. Each conversation
+starts with its own word, so no two share a first token.
 
 - *cold*: each conversation's first turn (the slot holds the previous conversation);
 - *RAM*: each one's second turn, after all the others had the slot (``OLLAMA_CACHE_RAM=1024``,
@@ -23,8 +26,9 @@ with its own word, so no two share a first token.
 
 Every turn's ``prompt_cache_source`` is checked ("ram", "disk"; cold and off turns reuse at most
 16 tokens), so a row cannot claim a tier that did not serve it. Medians over the conversations.
-A sampler thread (every 50 ms) records the process's RSS, the RAM tier's bytes and the cache
-folder's bytes (temporary files included) against their bounds.
+A sampler thread per engine (every 50 ms) records its RAM tier's bytes and cache folder's bytes
+(temporary files included) against their bounds, and the process's RSS: both engines live in the
+one benchmark process, so the pollama rows' RSS columns are that process's (both engines).
 
 llama-server: ``llama-server -np 1 --cache-ram 8192`` built from the llama-cpp-python sdist
 (:func:`bench_decode.llama_cpp_tool`), same model, context, threads, batch (512), f16 KV and
@@ -229,47 +233,112 @@ def load_runner(model: str | None, engine: str, ram: int, disk: int, folder: Pat
     return r, runner.prompt_tiers(cfg)
 
 
-def pollama_turns(model: str | None, engine: str, docs: list[str], num_ctx: int, threads: int, off: int,
-                  work: Path, disk_mib: int) -> Row:
-    """The cold, RAM, disk (none when ``disk_mib`` is 0: the RAM tier alone) and store-off turns."""
-    folder = work / f"{engine}-{len(docs)}"
-    kv = folder / "kv"
-    r, tiers = load_runner(model, engine, RAM_MIB, disk_mib, folder, num_ctx, threads)
-    with Sampler("self", tiers, kv) as s:
+def side_by_side(model: str | None, engines: list[str], docs: list[str], num_ctx: int, threads: int, off: int,
+                 work: Path, disk_mib: int, binary: Path | None, model_path: str,
+                 restarts: int) -> tuple[list[Row], list[ServerRow]]:
+    """The cold and RAM turns of every runner interleaved turn by turn (conversation k's turn on
+    the old engine, the new engine, then llama-server, all three loaded), so a machine that
+    slows down for a while slows every runner's turns alike; then the disk turns (both engines'
+    restarted runners, interleaved), llama-server's turns after its restart, and the store-off
+    turns (each engine in turn). While llama-server takes a turn, pollama's disk writers hold
+    off as they do for pollama's own prompts (:meth:`DiskStore.hold`)."""
+    n = len(docs)
+    live = {}
+    for engine in engines:
+        folder = work / f"{engine}-{n}"
+        r, tiers = load_runner(model, engine, RAM_MIB, disk_mib, folder, num_ctx, threads)
+        live[engine] = (r, folder, Sampler("self", tiers, folder / "kv"))
+    srv = llama_server(binary, model_path, num_ctx, threads) if binary is not None else None
+    srv_sampler = Sampler(srv.proc.pid) if srv is not None else None
+    held = object()  # llama-server's turns, to pollama's disk writers
+
+    def srv_turn(prompt: str) -> ServerTurn:
+        DiskStore.hold(held, True)
         try:
-            cold = [turn(r, docs[0])]
-            rss_base = rss_bytes()  # the engine's working set, with nothing stored yet
-            cold += [turn(r, d) for d in docs[1:]]
-            ram = [turn(r, d + FOLLOW) for d in docs]  # each after all the others had the slot
+            assert srv is not None
+            return server_turn(srv, prompt)
         finally:
-            r.close()  # the unload writes the slot's conversation to disk
-            del r
-        expect(cold, "", f"{engine} cold")
-        expect(ram, "ram", f"{engine} returning (RAM)")
-        files = drop_page_cache(kv)
-        disk: list[Turn] = []
-        if disk_mib:
-            r, tiers = load_runner(model, engine, 0, disk_mib, folder, num_ctx, threads)
-            s.tiers = tiers
-            try:
-                disk = [turn(r, d + FOLLOW + FOLLOW2) for d in docs]
-            finally:
+            DiskStore.hold(held, False)
+
+    cold: dict[str, list[Turn]] = {e: [] for e in engines}
+    ram: dict[str, list[Turn]] = {e: [] for e in engines}
+    s_cold: list[ServerTurn] = []
+    s_ram: list[ServerTurn] = []
+    rss_base = srv_base = 0
+    with contextlib.ExitStack() as stack:
+        for _, _, sampler in live.values():
+            stack.enter_context(sampler)
+        if srv_sampler is not None:
+            stack.enter_context(srv_sampler)
+        try:
+            for k, d in enumerate(docs):
+                for engine in engines:
+                    cold[engine].append(turn(live[engine][0], d))
+                if srv is not None:
+                    s_cold.append(srv_turn(d))
+                if k == 0:  # the engines' working sets, nothing stored yet
+                    rss_base, srv_base = rss_bytes(), rss_bytes(srv.proc.pid) if srv is not None else 0
+            for d in docs:  # each after all the others had the slot
+                for engine in engines:
+                    ram[engine].append(turn(live[engine][0], d + FOLLOW))
+                if srv is not None:
+                    s_ram.append(srv_turn(d + FOLLOW))
+        finally:
+            for r, _, _ in live.values():
+                r.close()  # the unload writes the slot's conversation to disk
+            srv_peak = srv.peak_rss() if srv is not None else 0
+            if srv is not None:
+                srv.close()
+    rows = {}
+    for engine in engines:
+        expect(cold[engine], "", f"{engine} cold")
+        expect(ram[engine], "ram", f"{engine} returning (RAM)")
+        _, folder, sampler = live[engine]
+        rows[engine] = Row(engine, n, cold[engine], ram[engine], [], [], rss_base, sampler.rss, sampler.ram,
+                           sampler.disk, drop_page_cache(folder / "kv"))
+    if disk_mib:
+        again = {e: load_runner(model, e, 0, disk_mib, live[e][1], num_ctx, threads) for e in engines}
+        for e, (_, tiers) in again.items():
+            live[e][2].tiers = tiers
+        try:
+            for d in docs:
+                for engine in engines:
+                    rows[engine].disk.append(turn(again[engine][0], d + FOLLOW + FOLLOW2))
+        finally:
+            for r, _ in again.values():
                 r.close()
-                del r
-            expect(disk, "disk", f"{engine} after a restart (disk)")
-        off_turns: list[Turn] = []
+        for engine in engines:
+            expect(rows[engine].disk, "disk", f"{engine} after a restart (disk)")
+            sampler = live[engine][2]
+            sampler.sample()
+            rows[engine].disk_peak = max(rows[engine].disk_peak, sampler.disk)
+    for engine in engines:
         if off:
-            r, _ = load_runner(model, engine, 0, 0, folder, num_ctx, threads)
+            r, _ = load_runner(model, engine, 0, 0, live[engine][1], num_ctx, threads)
             try:
                 for d in docs[:off]:
                     turn(r, d)
-                off_turns = [turn(r, d + FOLLOW) for d in docs[:off]]
+                rows[engine].off = [turn(r, d + FOLLOW) for d in docs[:off]]
             finally:
                 r.close()
-                del r
-            expect(off_turns, "", f"{engine} returning, store off")
-    shutil.rmtree(folder, ignore_errors=True)
-    return Row(engine, len(docs), cold, ram, disk, off_turns, rss_base, s.rss, s.ram, s.disk, files)
+            expect(rows[engine].off, "", f"{engine} returning, store off")
+        shutil.rmtree(live[engine][1], ignore_errors=True)
+    servers: list[ServerRow] = []
+    if srv is not None:
+        assert srv_sampler is not None
+        for k, t in enumerate(s_ram):
+            if t.cache_n <= t.prompt_n:
+                raise SystemExit(f"llama-server returning turn {k} reused {t.cache_n} tokens, evaluated {t.prompt_n}")
+        restart: list[ServerTurn] = []
+        if restarts:
+            assert binary is not None
+            again_srv = llama_server(binary, model_path, num_ctx, threads)
+            try:
+                restart = [server_turn(again_srv, d + FOLLOW + FOLLOW2) for d in docs[:restarts]]
+            finally:
+                again_srv.close()
+        servers.append(ServerRow(n, s_cold, s_ram, restart, srv_base, max(srv_sampler.rss, srv_peak)))
+    return [rows[e] for e in engines], servers
 
 
 # ------------------------------------------------------------------------------- llama-server
@@ -305,30 +374,6 @@ class ServerRow:
     restart: list[ServerTurn]
     rss_base: int
     rss_peak: int
-
-
-def server_turns(binary: Path, model: str, docs: list[str], num_ctx: int, threads: int, restarts: int) -> ServerRow:
-    srv = llama_server(binary, model, num_ctx, threads)
-    try:
-        with Sampler(srv.proc.pid) as s:
-            cold = [server_turn(srv, docs[0])]
-            base = rss_bytes(srv.proc.pid)
-            cold += [server_turn(srv, d) for d in docs[1:]]
-            ram = [server_turn(srv, d + FOLLOW) for d in docs]
-        peak = max(s.rss, srv.peak_rss())
-    finally:
-        srv.close()
-    for k, t in enumerate(ram):
-        if t.cache_n <= t.prompt_n:
-            raise SystemExit(f"llama-server returning turn {k} reused {t.cache_n} tokens, evaluated {t.prompt_n}")
-    restart: list[ServerTurn] = []
-    if restarts:
-        srv = llama_server(binary, model, num_ctx, threads)
-        try:
-            restart = [server_turn(srv, d + FOLLOW + FOLLOW2) for d in docs[:restarts]]
-        finally:
-            srv.close()
-    return ServerRow(len(docs), cold, ram, restart, base, peak)
 
 
 # ------------------------------------------------------------------------------------ (b)
@@ -500,16 +545,14 @@ def main() -> None:
                     docs = [f"{WORDS[k % len(WORDS)]} {text(1000 * n + k, tokens)}" for k in range(n)]
                     num_ctx = tokens * 2 + 512
                     off = 0 if "off" in skip or i > 0 else min(args.off, n)
-                    for engine in engines:
-                        rows.append(pollama_turns(model, engine, docs, num_ctx, args.threads, off, work, args.disk_mib))
-                        print(f"  [{time.perf_counter() - start:.0f} s] {label}, N={n}, {engine} engine done; "
-                              f"load {load_average()}", file=sys.stderr)
-                    if binary is not None:
-                        path = runner.resolve(model, config.load({})).info.path
-                        servers.append(server_turns(binary, path, docs, num_ctx, args.threads,
-                                                    args.server_restarts if i == 0 else 0))
-                        print(f"  [{time.perf_counter() - start:.0f} s] {label}, N={n}, llama-server done",
-                              file=sys.stderr)
+                    path = runner.resolve(model, config.load({})).info.path
+                    found, found_servers = side_by_side(model, engines, docs, num_ctx, args.threads, off, work,
+                                                        args.disk_mib, binary, path,
+                                                        args.server_restarts if i == 0 else 0)
+                    rows += found
+                    servers += found_servers
+                    print(f"  [{time.perf_counter() - start:.0f} s] {label}, N={n} done; load {load_average()}",
+                          file=sys.stderr)
                 print_turns(label, args.tokens, rows, servers, args.disk_mib)
             if "restore" not in skip:
                 found = []
