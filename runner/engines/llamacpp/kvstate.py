@@ -203,7 +203,15 @@ def _copy_cells(dst: np.ndarray | list[np.ndarray], src: np.ndarray | list[np.nd
     V): one copy for all layers when both stack, else one a layer."""
     cut = (slice(None),) * axis
     if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
-        dst[(slice(None), *cut, slice(at, at + end - begin))] = src[(slice(None), *cut, slice(begin, end))]
+        to = dst[(slice(None), *cut, slice(at, at + end - begin))]
+        of = src[(slice(None), *cut, slice(begin, end))]
+        lead = to.shape[: axis + 1]
+        run = to[(0,) * len(lead)].nbytes  # a layer's cells (an element row's, transposed V)
+        if run:  # each run one item: numpy copies it whole, not a byte or an element at a time
+            runs = to.reshape(*lead, run)
+            if np.may_share_memory(runs, to):  # a view (the cells' bytes are contiguous), not a copy
+                to, of = runs.view(f"V{run}"), of.reshape(*lead, run).view(f"V{run}")
+        to[...] = of
         return
     for d, r in zip(dst, src):
         d[(*cut, slice(at, at + end - begin))] = r[(*cut, slice(begin, end))]
@@ -346,7 +354,7 @@ class _Layout:
         (:func:`_stacked`); writable when ``body`` is."""
         if where and isinstance(where[0], int):
             offset, shape, strides = where
-            return np.lib.stride_tricks.as_strided(body[offset:], shape, strides, writeable=body.flags.writeable)
+            return np.ndarray(shape, np.uint8, body, offset, strides)  # a view; as_strided costs 10x more a call
         return [body[offset : offset + math.prod(shape)].reshape(shape) for offset, shape in where]
 
     def cells(self, body: np.ndarray) -> np.ndarray:
