@@ -484,6 +484,11 @@ def print_turns(label: str, tokens: int, rows: list[Row], servers: list[ServerRo
         print(f"| llama-server | {sv.n} | {med([t.prompt_n for t in sv.ram]):.0f} / "
               f"{med([t.cache_n for t in sv.ram]):.0f} | {rs} (restart) | — | (≤ {SERVER_RAM_MIB}) | — "
               f"| {mib(sv.rss_base)} | {mib(sv.rss_peak)} |")
+    print("\nThe returning (RAM) turns one by one, in the order taken (ms)\n")
+    for row in rows:
+        print(f"- pollama, {row.engine}, N={row.n}: " + ", ".join(f"{t.ms:.0f}" for t in row.ram))
+    for sv in servers:
+        print(f"- llama-server, N={sv.n}: " + ", ".join(f"{t.ms:.0f}" for t in sv.ram))
 
 
 def print_restore(label: str, rows: list[Restore]) -> None:
