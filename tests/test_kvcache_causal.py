@@ -293,6 +293,30 @@ def test_export_import_moves_the_rows_exactly(backend: Any, dtype: str, permuted
     cache.close()
 
 
+@pytest.mark.parametrize("permuted", [False, True], ids=["v", "permuted_v"])
+def test_export_import_of_cells_scattered_in_many_runs(backend: Any, permuted: bool) -> None:
+    """Two sequences that decoded side by side: each holds every other cell, 40 runs of one cell
+    (past the count where permuted V moves by one index instead of a slice a run)."""
+    rng = np.random.default_rng(9)
+    cache = make_cache(backend, "f16", cells=128, seqs=3, permuted=permuted)
+    k, v = rand_kv(rng, 80)
+    step(backend, cache, [p for p in range(40) for _ in (0, 1)], [0, 1] * 40, k, v)
+    state = cache.export_seq(0)
+    assert cache.import_seq(2, state)  # the lowest free cells: 80..119, one run
+    assert cache.table is not None and cache.table.seq_cells(2) == list(range(80, 120))
+    want_k, want_v = history(backend, cache, 0, 40)
+    got_k, got_v = history(backend, cache, 2, 40)
+    np.testing.assert_array_equal(got_k[:40], want_k[:40])
+    np.testing.assert_array_equal(got_v[:40], want_v[:40])
+    np.testing.assert_array_equal(got_v[:40], v[0::2].astype(np.float16).astype(np.float32))
+    cache.remove(0, 0, None)
+    assert cache.import_seq(0, cache.export_seq(2))  # back into the scattered cells it left
+    assert cache.table.seq_cells(0)[:40] == list(range(0, 80, 2))  # (then the history token above)
+    got_k, got_v = history(backend, cache, 0, 40)
+    np.testing.assert_array_equal(got_v[:40], want_v[:40])
+    cache.close()
+
+
 def test_import_refuses_damaged_foreign_or_oversized_states(backend: Any) -> None:
     rng = np.random.default_rng(6)
     cache = make_cache(backend, "f16", cells=16, seqs=2)

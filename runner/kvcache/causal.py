@@ -469,6 +469,9 @@ def _write_rows(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
         storage.write_bytes(cell * row, np.ascontiguousarray(rows[at : at + length]))
 
 
+_MANY_RUNS = 32  # past this many runs of cells, permuted V moves by one index instead of a slice a run
+
+
 def _columns(storage: Any) -> tuple[int, int, np.dtype]:
     """Permuted V ``[n_cells, v_head_dim, kv_heads]`` seen as ``width`` element rows of
     ``n_cells`` columns: ``(width, n_cells, element dtype)``."""
@@ -495,7 +498,11 @@ def _read_columns(storage: Any, cells: np.ndarray, out: np.ndarray) -> None:
         return
     every, _ = _element_rows(storage)
     dest = out.view(every.dtype)  # (width, len(cells))
-    for at, cell, length in _runs(cells):  # slices, several times faster than an index
+    runs = _runs(cells)
+    if len(runs) > _MANY_RUNS:  # cells scattered (sequences that decoded side by side): one index
+        np.take(every, cells, axis=1, out=dest)
+        return
+    for at, cell, length in runs:  # slices, several times faster than an index
         dest[:, at : at + length] = every[:, cell : cell + length]
 
 
@@ -507,7 +514,10 @@ def _write_columns(storage: Any, cells: np.ndarray, rows: np.ndarray) -> None:
         return
     every, in_place = _element_rows(storage)
     src = rows.view(every.dtype)  # (width, len(cells))
-    for at, cell, length in _runs(cells):  # slices, several times faster than an index
+    runs = _runs(cells)
+    if len(runs) > _MANY_RUNS:  # cells scattered: one index
+        every[:, cells] = src
+    for at, cell, length in runs if len(runs) <= _MANY_RUNS else ():  # slices, faster than an index
         every[:, cell : cell + length] = src[:, at : at + length]
     if not in_place:
         storage.write_bytes(0, every)
