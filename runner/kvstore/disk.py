@@ -27,8 +27,10 @@ user's alone (0600, in a 0700 folder). Every path comes from the folder's own
 a thread of their own (:meth:`DiskStore.save_later`): the batch loop never waits on the disk.
 What is pending is bounded (:data:`PENDING_LIMIT`); past it, a save is dropped, not waited for.
 The writer also keeps out of a request's way: while a loop serves a prompt (a request admitted
-and waiting for its first token, :meth:`DiskStore.hold`), it starts no file, for at most
-:data:`HOLD` seconds a save, and writes in the gaps between prompts and while tokens decode.
+and waiting for its first token, :meth:`DiskStore.hold`), it starts no file until :data:`HOLD`
+seconds after the save was queued, and writes in the gaps between prompts and while tokens
+decode: a backlog older than that is written at once, so a server that is never idle still
+writes at the disk's pace.
 A restored turn is mostly Python (joining pages, importing them), which a writer's work beside it
 slowed by half (the interpreter's lock and the two cores are shared).
 
@@ -71,7 +73,7 @@ PAGE_SUFFIX = ".page" + SUFFIX
 _PREFIX = struct.Struct("<4sII")  # magic, version, header length
 _CHECK = struct.Struct("<I")  # the CRC-32 trailer
 PENDING_LIMIT = 512 << 20  # bytes of states waiting for the writer; saves beyond it are dropped
-HOLD = 2.0  # seconds a save waits in all for the loops' prompts to pass; then it is written anyway
+HOLD = 2.0  # seconds after a save is queued that it waits for the loops' prompts to pass at most
 _holders: set[int] = set()  # the loads serving a prompt now (:meth:`DiskStore.hold`), process-wide
 _calm = threading.Condition()
 MAX_HEADER = 64 << 20  # a header larger than this is damage, not a long prompt
@@ -119,7 +121,7 @@ class DiskStore:
         self._scanned: set[str] = set()  # file names seen by a scan or written here
         self._folder_mtime = -1
         self._lock = threading.Lock()  # scans and index changes
-        self._pending: queue.Queue[tuple[Chain, Any, list[Any] | None] | None] = queue.Queue()
+        self._pending: queue.Queue[tuple[Chain, Any, list[Any] | None, float] | None] = queue.Queue()
         self._pending_bytes = 0
         self._queued: dict[bytes, int] = {}  # page keys a queued save carries, and how many saves do
         self._idle = threading.Condition()
@@ -248,7 +250,7 @@ class DiskStore:
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(target=self._write_loop, name="prompt-cache-writer", daemon=True)
                 self._writer.start()
-        self._pending.put((chain_, state if pages is None else None, pages))
+        self._pending.put((chain_, state if pages is None else None, pages, time.monotonic() + HOLD))
         return True
 
     @staticmethod
@@ -281,8 +283,7 @@ class DiskStore:
         while True:
             item = self._pending.get()
             assert item is not None
-            chain_, state, pages = item
-            deadline = time.monotonic() + HOLD
+            chain_, state, pages, deadline = item  # HOLD seconds after it was queued, however long the queue
             try:
                 if pages is None:
                     self.write(chain_, state, deadline)
