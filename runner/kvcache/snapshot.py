@@ -289,8 +289,9 @@ def split(data: bytes | bytearray | memoryview, bounds: Sequence[int],
 
 def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None = None) -> bytearray | memoryview:
     """One state of all the positions ``parts`` hold, in order (what :func:`split` cut, joined
-    back: the same bytes), written into ``into`` when it is large enough and no part lies in it
-    (a view of it is returned; see :class:`Writer`). :class:`SnapshotError` when one is
+    back: the same bytes), written into ``into`` when it is large enough and no part lies in it,
+    else, ``into`` given, into a new buffer a turn or two larger, for the caller to reuse (a view
+    of it is returned; see :class:`Writer`). :class:`SnapshotError` when one is
     truncated, of another geometry, or the positions do not ascend from part to part."""
     states = [read(p) for p in parts]
     if not states:
@@ -304,6 +305,9 @@ def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None
     if into is not None and any(np.may_share_memory(np.frombuffer(into, np.uint8), np.frombuffer(p, np.uint8))
                                 for p in parts):
         into = None
+    size = _size(geometry, len(positions))
+    if into is not None and len(into) < size:
+        into = bytearray(size + size // 8)  # a conversation grows: its next join fits
     out = Writer(geometry, positions, np.concatenate([s.cells for s in states]), into)
     if geometry.regular and geometry.layers:  # every layer of a part in one copy
         k, v, at = out.stacked(False), out.stacked(True), 0

@@ -68,6 +68,7 @@ class CacheKv:
 
     def join_states(self, parts: list[bytes | bytearray]) -> bytearray | memoryview:
         state = snapshot.join(parts, self._joined)  # SnapshotError is a ValueError
-        if isinstance(state, bytearray):
-            self._joined = state  # the next join writes into it (this one is imported first)
+        buf = state.obj if isinstance(state, memoryview) else state
+        if isinstance(buf, bytearray):
+            self._joined = buf  # the next join writes into it (this one is imported first)
         return state

@@ -167,8 +167,9 @@ class LlamaKv:
 
     def join_states(self, parts: list[bytes | bytearray]) -> bytearray | memoryview:
         state = kvstate.join(parts, self._joined)
-        if isinstance(state, bytearray):
-            self._joined = state  # the next join writes into it (this one is imported first)
+        buf = state.obj if isinstance(state, memoryview) else state
+        if isinstance(buf, bytearray):
+            self._joined = buf  # the next join writes into it (this one is imported first)
         return state
 
     def _set(self, seq: int, state: bytes | bytearray) -> bool:

@@ -147,7 +147,9 @@ def _frame(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarr
     ``n_stream`` streams of which ``index`` holds cells at ``positions`` with ``stream``'s layer
     headers; per layer the views of its K and V rows to fill, shaped as :class:`_Stream` holds
     them (``(cells, bytes)``, transposed V ``(width, cells, element)``). Written at the start of
-    ``into`` when it is large enough (the state is then a view of it), else into a new buffer."""
+    ``into`` when it is large enough, else, when ``into`` is given, into a new buffer with room
+    for a turn or two more (the caller reuses it: the state is then a view of its start); with
+    no ``into``, into a buffer of its own size."""
     count = len(positions)
     meta = np.stack([positions, np.ones(count, np.int64), np.full(count, seq, np.int64)], axis=1)
     start = [head, struct.pack("<I", n_stream), struct.pack("<I", 0) * index, struct.pack("<I", count),
@@ -158,7 +160,9 @@ def _frame(head: bytes, n_stream: int, index: int, seq: int, positions: np.ndarr
     size = sum(len(x) for x in start) + sum(len(h) + math.prod(shape) for h, shape in shapes)
     total = size + 4 * (n_stream - index - 1)  # the streams after: 0 cells each
     out: bytearray | memoryview
-    if into is not None and len(into) >= total:
+    if into is not None:
+        if len(into) < total:
+            into = bytearray(total + total // 8)  # a conversation grows: its next join fits
         out = memoryview(into)[:total]
         out[size:] = bytes(total - size)
     else:
@@ -266,8 +270,8 @@ def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = N
     is parsed (:class:`_Layout`); the others are checked against it (their size, and every header
     byte at once) and their rows taken at its offsets: a page costs a few views, not a parse.
 
-    ``into``: a buffer to write the state into when it is large enough (and no part lies in it):
-    a view of its start is returned. A restore's state is read once, by the import, so the
+    ``into``: a buffer to write the state into when it is large enough (and no part lies in it),
+    else a new one a turn or two larger: a view of its start is returned. A restore's state is read once, by the import, so the
     caller reuses one buffer, whose pages the system has handed out already: a new buffer of
     a 50 MB state costs ~13,000 first-touch page faults, more than the copy itself."""
     if not parts:
