@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Collection, Protocol, Sequence, Union
 
@@ -48,7 +49,8 @@ class KvOps(Protocol):
         into a sequence of this same load (the prompt store's fingerprint keeps it there). Opaque
         to the caller, which owns it while it holds a reference and counts ``len`` bytes for it
         (an engine may reuse the buffer of an export nothing references any more); None when
-        the engine cannot export (the caller then keeps nothing)."""
+        the engine cannot export (the caller then keeps nothing). It may run on another thread
+        beside :meth:`join_states`, never beside anything else of this object."""
 
     def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
         """Make ``seq`` hold what :meth:`export_seq` exported, positions included, so decoding
@@ -159,6 +161,10 @@ class InputCache:
             raise ValueError("must have at least one kv cache entry per parallel sequence")
         self.kv = kv
         self.store = store
+        # a slot lost to another conversation is exported on this thread while the store finds
+        # and joins the prompt's state: both copy tens of MB, and llama.cpp's copy (or numpy's)
+        # runs without the GIL, so the export costs the turn nothing on a machine of 2 cores
+        self._exporter = ThreadPoolExecutor(1, thread_name_prefix="kv-export") if store is not None else None
         self.num_ctx = kv_size // num_slots
         self.multi_user = multi_user
         self.slots = [Slot(i) for i in range(num_slots)]
@@ -257,11 +263,12 @@ class InputCache:
             self._save(slot)
 
     # ------------------------------------------------------------------------- prompt store
-    def _save(self, slot: Slot) -> None:
-        """Put what ``slot`` holds in the store before it is lost (unless stored already)."""
+    def _save(self, slot: Slot, exported: Future | None = None) -> None:
+        """Put what ``slot`` holds in the store before it is lost (unless stored already);
+        ``exported``: its export, begun already."""
         if self.store is None or not self.store.wants(slot.inputs):
             return
-        state = self.kv.export_seq(slot.id)
+        state = exported.result() if exported is not None else self.kv.export_seq(slot.id)
         if state is not None and self.store.save(slot.inputs, state):
             log.debug("prompt cache: saved slot %d (%d inputs, %d bytes)", slot.id, len(slot.inputs), len(state))
 
@@ -273,14 +280,21 @@ class InputCache:
         saves a slot whose prompt keeps less than half of it). A restored whole state leaves the
         store (llama-server's too): the slot holds it, and saves it again when it loses it; pages
         stay (other conversations share them), and that save adds only the slot's new ones."""
-        assert self.store is not None
-        found = self.store.lookup(prompt)
+        assert self.store is not None and self._exporter is not None
+        losing = num_past < len(slot.inputs) / 2  # another conversation takes the slot: save it
+        exported = self._exporter.submit(self.kv.export_seq, slot.id) \
+            if losing and self.store.wants(slot.inputs) else None  # while the lookup joins pages
+        try:
+            found = self.store.lookup(prompt)
+        finally:
+            if exported is not None:
+                wait([exported])  # nothing touches the slot's cells while they are read
         # worth a restore only for a block or more beyond what the slot holds: a prompt sharing a
         # word or two with a stored conversation evaluates them in a blink, and the state stays
         # stored (a restore takes it out of RAM) for the conversation it belongs to
         better = found is not None and image_start(prompt, min(found.n, len(prompt) - 1)) >= num_past + self.store.block
-        if num_past < len(slot.inputs) / 2 or better:
-            self._save(slot)
+        if losing or better:
+            self._save(slot, exported)
         if not better:
             return num_past, "slot"
         assert found is not None
