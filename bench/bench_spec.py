@@ -10,7 +10,9 @@ Tasks, greedy, ``--tokens`` generated (the issue's):
 
 For each model and engine: decode tok/s (``eval_count / eval_duration``) with ``draft_num_predict
 = --depth`` and with 0, their ratio, drafted tokens accepted/proposed, and whether the text is the
-same (or where it parts: without flash attention, and for some weight types, GGML's CPU kernels
+same. With drafts, the first request of a prompt and the repeated ones are reported apart: from
+the second on, the n-gram pool a model's requests share (pollama's, llama-server's ``ngram-mod``)
+holds the first answer, and drafts it whole (or where it parts: without flash attention, and for some weight types, GGML's CPU kernels
 round a batched row differently from a single one, so a near-tie may flip). ``--fa on`` runs
 both pollama and llama-server with flash attention (default: off in both, pollama's default;
 llama-server's own default, auto, would turn it on). llama-server (built from the pinned sdist,
@@ -295,21 +297,24 @@ def main() -> None:
         server = server_rows(binary, model, prompts, a.runs, a.tokens, a.threads) if binary else {}
         label = bench_decode.MODELS[model][0]
         print(f"### {label}: one stream (load average {load_avg()})\n")
-        print("| task | engine | tok/s, no drafts | tok/s, drafts | drafts / none | accepted/proposed | same text as no drafts |")
-        print("|---|---|---:|---:|---:|---:|---|")
+        print("| task | engine | tok/s, no drafts | drafts, first request | first / none | drafts, repeated | "
+              "repeated / none | accepted/proposed (first; repeated) | same text as no drafts |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---|")
         for row in rows:
-            off, on = med([g.tps for g in row.off]), med([g.tps for g in row.on])
-            print(f"| {row.task} | {row.engine} | {off:.1f} | {on:.1f} | {on / off:.2f}× | {acc(row.on)} | "
-                  f"{row.same} |")
+            off, first, again = med([g.tps for g in row.off]), row.on[0].tps, med([g.tps for g in row.on[1:]])
+            print(f"| {row.task} | {row.engine} | {off:.1f} | {first:.1f} | {first / off:.2f}× | {again:.1f} | "
+                  f"{again / off:.2f}× | {acc(row.on[:1])}; {acc(row.on[1:])} | {row.same} |")
         if server:
-            print("\n| task | llama-server | tok/s | vs none | accepted/proposed |")
-            print("|---|---|---:|---:|---:|")
+            print("\n| task | llama-server | tok/s, first request | vs none | repeated | vs none | "
+                  "accepted/proposed (first; repeated) |")
+            print("|---|---|---:|---:|---:|---:|---:|")
             for task in tasks:
                 base = med([g.tps for g in server[(task, "none")]])
                 for spec in SPEC_TYPES:
                     gens = server[(task, spec)]
-                    tps = med([g.tps for g in gens])
-                    print(f"| {task} | {spec} | {tps:.1f} | {tps / base:.2f}× | {acc(gens)} |")
+                    first, again = gens[0].tps, med([g.tps for g in gens[1:]])
+                    print(f"| {task} | {spec} | {first:.1f} | {first / base:.2f}× | {again:.1f} | {again / base:.2f}× | "
+                          f"{acc(gens[:1])}; {acc(gens[1:])} |")
         if not a.no_streams:
             print(f"\n4 streams, one runner (num_parallel 4), task rewrite (load average {load_avg()})\n")
             print("| engine | aggregate tok/s, no drafts | drafts | drafts / none | same text |")

@@ -14,9 +14,11 @@ class Fixed:
     def __init__(self, n: int) -> None:
         self.n = n
         self.calls = 0
+        self.limits: list[int] = []
 
     def propose(self, generated, limit):
         self.calls += 1
+        self.limits.append(limit)
         return list(range(100, 100 + min(self.n, limit)))
 
 
@@ -75,10 +77,11 @@ def test_speculation_caps_and_conditions():
     assert spec.begin([1], depth=1000).depth == C.MAX_DRAFT
     off = Speculation(enabled=False).begin([1, 2, 3], depth=16)
     assert off.depth == 0 and spec.propose(off, [5], limit=16, others=0) == []
-    # paused: no lookup at all
+    # paused: no guess asked for, but the drafter sees the history (the shared pool learns it)
     seq.acceptance.paused_until = 50
-    seq.drafter.calls = 0
-    assert spec.propose(seq, [5] * 49, limit=16, others=0) == [] and seq.drafter.calls == 0
+    seq.drafter.limits = []
+    assert spec.propose(seq, [5] * 49, limit=16, others=0) == [] and seq.drafter.limits == [0]
+    assert spec.propose(seq, [5] * 49, limit=16, others=2) == [] and seq.drafter.limits == [0, 0]
     assert spec.propose(seq, [5] * 50, limit=16, others=0) != []
 
 

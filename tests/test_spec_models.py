@@ -123,6 +123,34 @@ def test_an_open_ended_story_is_byte_identical_with_flash_attention(engine):
         r.close()
 
 
+@pytest.mark.parametrize("engine", ["old", "new"])
+def test_a_repeated_request_is_drafted_from_the_first_answer(engine):
+    """The n-gram pool a model's requests share holds the first answer: asked again, the story
+    (nothing in its prompt to look up) is drafted from it nearly whole, and still comes out as
+    decoding without drafts gives it, byte for byte (flash attention, within 256 cells: above)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", flash_attention=True,
+                              cache_dir=fresh_cache_dir())
+    r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 1024}), cfg, num_parallel=1)
+    try:
+        plain, _, _ = chat(r, STORY, 0, num_predict=150)
+        spec = r.speculation = Recording()  # one pool for both requests below
+        request = Request(messages=[Message("user", STORY)], cache_prompt=False,
+                          options=Options().merged(dict(temperature=0.0, repeat_penalty=1.0, draft_num_predict=16,
+                                                        num_predict=150)))
+        texts, finals = [], []
+        for _ in range(2):
+            chunks = list(r.stream(request))
+            texts.append("".join(c.text for c in chunks))
+            finals.append(chunks[-1].metrics)
+        assert texts[0] == texts[1] == "".join(c[0] for c in plain)
+        first, again = finals
+        assert again.draft_n_accepted > first.draft_n_accepted
+        assert again.draft_n_accepted >= 0.8 * again.eval_count  # the answer, drafted from the first
+        assert len(spec.pool) > 150
+    finally:
+        r.close()
+
+
 @pytest.fixture(scope="module")
 def gemma3_path() -> Path:
     """gemma-3-270m (Q4_K_M; sliding-window layers: the rollback goes through both caches)."""

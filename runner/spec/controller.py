@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 from .drafter import DraftSource, Drafter, NoDrafter
 from .ngram import PromptLookup
+from .pool import NgramPool
 
 #: (rows, cost relative to a one-row decode) on GGML's CPU kernels: SmolLM2-135M Q4_1 measured to
 #: 16 rows (issue 26 notes §D; gemma-3-270m is cheaper per row), beyond that extrapolated
@@ -149,6 +150,7 @@ class Speculation:
         self.enabled = enabled
         self.cost = cost if cost is not None else StepCost()
         self.draft = draft
+        self.pool = NgramPool()  # what the sequences that draft by lookup have read and written
 
     def begin(self, prompt: Sequence[Any], depth: int, slot: int = 0) -> SeqDrafts:
         """A sequence starts in slot ``slot`` with ``prompt`` (its inputs) and ``depth``, its
@@ -156,7 +158,7 @@ class Speculation:
         depth = max(0, min(depth, MAX_DRAFT)) if self.enabled else 0
         drafter: Drafter | None = NoDrafter()
         if depth:
-            drafter = PromptLookup(prompt) if self.draft is None else self.draft.drafter(slot, prompt)
+            drafter = PromptLookup(prompt, pool=self.pool) if self.draft is None else self.draft.drafter(slot, prompt)
         return SeqDrafts(drafter or NoDrafter(), depth if drafter is not None else 0)
 
     def close(self) -> None:
@@ -171,6 +173,8 @@ class Speculation:
         other sequences share the runner's batches. Pure: asking again gives the same draft."""
         most = min(seq.depth, limit) if self.enabled else 0
         if most <= 0 or others > 0 or len(generated) < seq.acceptance.paused_until:
+            if seq.depth:
+                seq.drafter.propose(generated, 0)  # no draft, but the shared pool learns the output
             return []
         alpha = seq.acceptance.now(len(generated))
         token_cost = self.draft.token_cost if self.draft is not None else 0.0

@@ -1,7 +1,8 @@
 """What speculative decoding needs from a source of guesses: one :class:`Drafter` per sequence.
 
-Prompt lookup (:class:`runner.spec.ngram.PromptLookup`) and a draft model
-(:class:`runner.loop.draftmodel.ModelDrafter`) are two; a shared n-gram pool would be another. Whatever the source, a guess is only a guess: the target
+Prompt lookup (:class:`runner.spec.ngram.PromptLookup`, with the model's shared n-gram pool,
+:class:`runner.spec.pool.NgramPool`) and a draft model (:class:`runner.loop.draftmodel.ModelDrafter`)
+are two. Whatever the source, a guess is only a guess: the target
 model verifies every drafted token (:mod:`runner.spec.verify`), so a wrong draft costs time,
 never output.
 """
@@ -17,7 +18,9 @@ class Drafter(Protocol):
         the drafter was made) and ``generated``, its output so far, whose last token is the one
         just sampled and not decoded yet (the drafted tokens follow it). ``generated`` only
         grows between calls, by the tokens the model emitted. Deterministic: the same history
-        gives the same guess. ``[]``: no guess."""
+        (and, for prompt lookup, the same shared n-gram pool) gives the same guess. ``[]``: no
+        guess. ``limit`` 0 asks for none, and shows the drafter the history (while the sequence
+        does not draft, prompt lookup's pool still learns what it emits)."""
 
 
 class NoDrafter:

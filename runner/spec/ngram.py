@@ -9,12 +9,19 @@ n-gram to the start of its latest occurrence, kept up to date as the history gro
 tokens the model emitted, so a rejected guess never enters it), so a step costs one dict lookup
 per key size, also when nothing matches.
 
+With a :class:`runner.spec.pool.NgramPool` (the model's, shared by its sequences), the sequence's
+prompt and output also teach the pool, and the pool's draft comes first: its keys are longer
+(24 tokens), and it holds what other requests' answers said, so a request that repeats an earlier
+answer is drafted from it.
+
 An image in the prompt is a barrier: no key spans one, and a draft stops before one.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
+
+from .pool import NgramPool
 
 #: key lengths, tried in this order. llama.cpp's ngram-simple uses 12 alone; shorter keys find
 #: more (code edits where a line differs in one name) and the controller decides from the
@@ -29,9 +36,10 @@ class PromptLookup:
     """A :class:`runner.spec.drafter.Drafter` over the sequence's own prompt and output."""
 
     def __init__(self, prompt: Sequence[Any], sizes: Sequence[int] = KEY_SIZES,
-                 max_history: int = MAX_HISTORY) -> None:
+                 max_history: int = MAX_HISTORY, pool: NgramPool | None = None) -> None:
         """``prompt``: the sequence's inputs (token ids; anything else, an image position, is a
-        barrier); ``sizes``: key lengths (each >= 1)."""
+        barrier); ``sizes``: key lengths (each >= 1); ``pool``: the model's shared pool, which
+        learns the prompt and output and drafts first."""
         self.sizes = tuple(sorted({int(n) for n in sizes if n >= 1}, reverse=True))
         self.max_history = max(max_history, 2 * max(self.sizes, default=1))
         self._history: list[int] = [t if isinstance(t, int) else _BARRIER for t in prompt]
@@ -40,13 +48,28 @@ class PromptLookup:
         self._indexed = 0  # n-grams ending before this history position are in the index
         self._barrier = -1  # the last barrier position the index has passed
         self._last_barrier = max((i for i, t in enumerate(self._history) if t == _BARRIER), default=-1)
+        self.pool = pool
+        self._pooled = len(self._history)  # the pool has learnt what precedes the history before this
+        if pool is not None:  # the prompt, a stretch of text between images at a time
+            floor = 0
+            for i, t in enumerate(self._history):
+                if t == _BARRIER:
+                    pool.learn(self._history, floor=floor, stop=i)
+                    floor = i + 1
+            pool.learn(self._history, floor=floor)
 
     def propose(self, generated: Sequence[int], limit: int) -> list[int]:
-        if limit <= 0 or not generated or not self.sizes:
+        if not generated or not self.sizes:
             return []
-        self._extend(generated)
+        self._extend(generated)  # also at limit 0: the pool learns what the sequence emits
+        if limit <= 0:
+            return []
         history, pending = self._history, int(generated[-1])
         end = len(history)
+        if self.pool is not None and end - (self.pool.key - 1) > self._last_barrier:
+            draft = self.pool.chain([*history[end - (self.pool.key - 1) :], pending], limit)
+            if draft:
+                return draft
         for n in self.sizes:
             tail = end - (n - 1)
             if tail < 0 or tail <= self._last_barrier:
@@ -71,6 +94,9 @@ class PromptLookup:
         if len(self._history) > 2 * self.max_history:
             self._forget()
         self._update_index()
+        if self.pool is not None:
+            self.pool.learn(self._history, self._pooled, self._last_barrier + 1)
+            self._pooled = len(self._history)
 
     def _update_index(self) -> None:
         """Index every n-gram that has a token after it (its continuation), latest wins."""
@@ -89,6 +115,7 @@ class PromptLookup:
 
     def _forget(self) -> None:
         """Keep the last ``max_history`` tokens of the history and index them anew."""
+        self._pooled = max(0, self._pooled - (len(self._history) - self.max_history))
         self._history = self._history[-self.max_history :]
         self._index = {n: {} for n in self.sizes}
         self._indexed, self._barrier = 0, -1
