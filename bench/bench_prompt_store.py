@@ -3,7 +3,7 @@ and llama.cpp's `llama-server --cache-ram` side by side.
 
     python bench/bench_prompt_store.py [--convs 4,16] [--tokens 2000] [--tokens-most N]
         [--sizes 2048,4096,8000] [--threads 2] [--engines old,new] [--models smollm2,gemma3]
-        [--disk-mib 8192] [--skip turns,off,server,restore] [--llama-server PATH]
+        [--disk-mib 8192] [--rounds 3] [--skip turns,off,server,restore] [--llama-server PATH]
 
 (a) Per model and per ``--convs`` N: N conversations of ~``--tokens`` tokens take turns on one
 slot (raw prompts, greedy, one generated token: TTFT = the request's wall time, in process), on
@@ -14,18 +14,20 @@ takes a turn, pollama's disk writers hold off as for pollama's own prompts. Each
 starts with its own word, so no two share a first token.
 
 - *cold*: each conversation's first turn (the slot holds the previous conversation);
-- *RAM*: each one's second turn, after all the others had the slot (``OLLAMA_CACHE_RAM=1024``,
-  ``POLLAMA_CACHE_DISK=8192``, or ``--disk-mib``: the state comes back from RAM);
+- *RAM*: each one's returning turns, each after all the others had the slot, ``--rounds`` of
+  them (``OLLAMA_CACHE_RAM=1024``, ``POLLAMA_CACHE_DISK=8192``, or ``--disk-mib``: the state comes
+  back from RAM), each a question more;
 - *disk*: the runner closes (its unload writes the slot to disk; the others went there when they
   lost it), the cache files are pushed out of the OS page cache (``fsync`` +
   ``posix_fadvise(DONTNEED)``, this benchmark's own files only), and a new runner on the same
-  folder with the RAM tier off takes each conversation's third turn: the state comes from disk;
+  folder with the RAM tier off takes each conversation's next turn: the state comes from disk;
 - *off*: a runner with both tiers off (``OLLAMA_CACHE_RAM=0``, ``POLLAMA_CACHE_DISK=0``) takes
   two turns of each of the first ``--off`` conversations, at the first ``--convs`` only: the
   second turn re-evaluates everything whatever N is.
 
 Every turn's ``prompt_cache_source`` is checked ("ram", "disk"; cold and off turns reuse at most
-16 tokens), so a row cannot claim a tier that did not serve it. Medians over the conversations.
+16 tokens), so a row cannot claim a tier that did not serve it. Medians over the conversations
+(and rounds).
 A sampler thread per engine (every 50 ms) records its RAM tier's bytes and cache folder's bytes
 (temporary files included) against their bounds, and the process's RSS: both engines live in the
 one benchmark process, so the pollama rows' RSS columns are that process's (both engines).
@@ -34,7 +36,7 @@ llama-server: ``llama-server -np 1 --cache-ram 8192`` built from the llama-cpp-p
 (:func:`bench_decode.llama_cpp_tool`), same model, context, threads, batch (512), f16 KV and
 flash attention off; the same conversations over HTTP (``/completion``, ``cache_prompt``,
 ``n_predict`` 1): wall time, and its ``timings.cache_n`` to check what it reused. Its restart
-row restarts the server and sends two conversations' third turns (its cache is RAM only).
+row restarts the server and sends two conversations' next turns (its cache is RAM only).
 
 (b) Restore vs recompute of one sequence of ``--sizes`` tokens per engine and model on the engine
 itself: evaluating the tokens (512 a batch) against ``export_seq`` + ``import_seq``, and the disk
@@ -235,7 +237,7 @@ def load_runner(model: str | None, engine: str, ram: int, disk: int, folder: Pat
 
 def side_by_side(model: str | None, engines: list[str], docs: list[str], num_ctx: int, threads: int, off: int,
                  work: Path, disk_mib: int, binary: Path | None, model_path: str,
-                 restarts: int) -> tuple[list[Row], list[ServerRow]]:
+                 restarts: int, rounds: int = 1) -> tuple[list[Row], list[ServerRow]]:
     """The cold and RAM turns of every runner interleaved turn by turn (conversation k's turn on
     the old engine, the new engine, then llama-server, all three loaded), so a machine that
     slows down for a while slows every runner's turns alike; then the disk turns (both engines'
@@ -278,11 +280,12 @@ def side_by_side(model: str | None, engines: list[str], docs: list[str], num_ctx
                     s_cold.append(srv_turn(d))
                 if k == 0:  # the engines' working sets, nothing stored yet
                     rss_base, srv_base = rss_bytes(), rss_bytes(srv.proc.pid) if srv is not None else 0
-            for d in docs:  # each after all the others had the slot
-                for engine in engines:
-                    ram[engine].append(turn(live[engine][0], d + FOLLOW))
-                if srv is not None:
-                    s_ram.append(srv_turn(d + FOLLOW))
+            for round_ in range(1, rounds + 1):
+                for d in docs:  # each after all the others had the slot
+                    for engine in engines:
+                        ram[engine].append(turn(live[engine][0], d + FOLLOW * round_))
+                    if srv is not None:
+                        s_ram.append(srv_turn(d + FOLLOW * round_))
         finally:
             for r, _, _ in live.values():
                 r.close()  # the unload writes the slot's conversation to disk
@@ -303,7 +306,7 @@ def side_by_side(model: str | None, engines: list[str], docs: list[str], num_ctx
         try:
             for d in docs:
                 for engine in engines:
-                    rows[engine].disk.append(turn(again[engine][0], d + FOLLOW + FOLLOW2))
+                    rows[engine].disk.append(turn(again[engine][0], d + FOLLOW * rounds + FOLLOW2))
         finally:
             for r, _ in again.values():
                 r.close()
@@ -334,7 +337,7 @@ def side_by_side(model: str | None, engines: list[str], docs: list[str], num_ctx
             assert binary is not None
             again_srv = llama_server(binary, model_path, num_ctx, threads)
             try:
-                restart = [server_turn(again_srv, d + FOLLOW + FOLLOW2) for d in docs[:restarts]]
+                restart = [server_turn(again_srv, d + FOLLOW * rounds + FOLLOW2) for d in docs[:restarts]]
             finally:
                 again_srv.close()
         servers.append(ServerRow(n, s_cold, s_ram, restart, srv_base, max(srv_sampler.rss, srv_peak)))
@@ -518,6 +521,7 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--off", type=int, default=4, help="conversations of the store-off runner (first --convs only)")
     ap.add_argument("--server-restarts", type=int, default=2, help="llama-server turns after its restart")
+    ap.add_argument("--rounds", type=int, default=3, help="returning turns per conversation (RAM rows)")
     ap.add_argument("--disk-mib", type=int, default=DISK_MIB, help="POLLAMA_CACHE_DISK of the store-on runner; "
                     "0: the RAM tier alone, no restart row")
     ap.add_argument("--skip", default="", help="comma-separated: turns,off,server,restore")
@@ -553,7 +557,7 @@ def main() -> None:
                     path = runner.resolve(model, config.load({})).info.path
                     found, found_servers = side_by_side(model, engines, docs, num_ctx, args.threads, off, work,
                                                         args.disk_mib, binary, path,
-                                                        args.server_restarts if i == 0 else 0)
+                                                        args.server_restarts if i == 0 else 0, args.rounds)
                     rows += found
                     servers += found_servers
                     print(f"  [{time.perf_counter() - start:.0f} s] {label}, N={n} done; load {load_average()}",
