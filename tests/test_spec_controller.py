@@ -9,7 +9,10 @@ from runner.spec.controller import Acceptance, Speculation, StepCost, best_depth
 
 
 class Fixed:
-    """A drafter that always guesses the same ``n`` tokens."""
+    """A drafter that always guesses the same ``n`` tokens, of one kind."""
+
+    kinds = ("fixed",)
+    kind = "fixed"
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -20,6 +23,17 @@ class Fixed:
         self.calls += 1
         self.limits.append(limit)
         return list(range(100, 100 + min(self.n, limit)))
+
+
+class TwoKinds:
+    """A drafter whose guesses are of kind "long" after an even history, "short" after an odd one."""
+
+    kinds = ("long", "short")
+    kind = "long"
+
+    def propose(self, generated, limit):
+        self.kind = "long" if len(generated) % 2 == 0 else "short"
+        return list(range(200, 200 + limit))
 
 
 def test_step_cost_interpolates_and_extends():
@@ -69,7 +83,7 @@ def test_speculation_caps_and_conditions():
     spec = Speculation()
     seq = spec.begin([1, 2, 3], depth=16)
     seq.drafter = Fixed(12)
-    seq.acceptance.alpha = 1.0  # every draft so far was right: as deep as the guess goes
+    seq.acceptance("fixed").alpha = 1.0  # every draft so far was right: as deep as the guess goes
     assert spec.propose(seq, [5], limit=16, others=0) == list(range(100, 112))
     assert spec.propose(seq, [5], limit=16, others=1) == []  # shares the batch: no drafts
     assert spec.propose(seq, [5], limit=4, others=0) == [100, 101, 102, 103]  # context, num_predict
@@ -78,7 +92,7 @@ def test_speculation_caps_and_conditions():
     off = Speculation(enabled=False).begin([1, 2, 3], depth=16)
     assert off.depth == 0 and spec.propose(off, [5], limit=16, others=0) == []
     # paused: no guess asked for, but the drafter sees the history (the shared pool learns it)
-    seq.acceptance.paused_until = 50
+    seq.acceptance("fixed").paused_until = 50
     seq.drafter.limits = []
     assert spec.propose(seq, [5] * 49, limit=16, others=0) == [] and seq.drafter.limits == [0]
     assert spec.propose(seq, [5] * 49, limit=16, others=2) == [] and seq.drafter.limits == [0, 0]
@@ -99,3 +113,24 @@ def test_a_failing_sequence_stops_drafting_and_is_probed_again_later():
     # three failures pause it; after each pause it is probed again, the pauses doubling
     assert 6 <= len(drafts) <= 16
     assert sum(g >= 500 for g in drafts) <= 3
+
+
+def test_each_kind_of_guess_has_its_own_record():
+    """Short keys that keep failing pause, and do not hold back long keys that are right."""
+    spec = Speculation()
+    seq = spec.begin([1, 2, 3], depth=16)
+    seq.drafter = TwoKinds()
+    long_drafts = short_drafts = 0
+    for generated in range(1, 400):
+        draft = spec.propose(seq, [7] * generated, limit=16, others=0)
+        if not draft:
+            continue
+        right = seq.kind == "long"
+        long_drafts += right
+        short_drafts += not right
+        spec.verified(seq, generated, len(draft), len(draft) if right else 0)
+    assert seq.acceptance("long").alpha > 0.99 and seq.acceptance("short").alpha < C.PRIOR
+    assert long_drafts >= 190  # every even step: never paused by the short ones' failures
+    assert short_drafts <= 12  # paused after three failures, for longer each time
+    # what the controller lets through follows the kind: the long kind's record says all 16
+    assert spec.propose(seq, [7] * 400, limit=16, others=0) == list(range(200, 216))

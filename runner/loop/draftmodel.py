@@ -83,6 +83,9 @@ class DraftModel:
 class ModelDrafter:
     """A :class:`runner.spec.drafter.Drafter` over a :class:`DraftModel`; see the module's doc."""
 
+    kinds = ("model",)
+    kind = "model"
+
     def __init__(self, model: DraftModel, seq_id: int, prompt: list[int]) -> None:
         self.model, self.seq_id, self.prompt = model, seq_id, prompt
         self._start = 0  # history tokens before this are not in the draft context (a long one)

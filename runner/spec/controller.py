@@ -10,11 +10,14 @@ yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k`` pays w
 (1.3x), with every draft right as deep as allowed (16 tokens: 2.3x), below ``a`` ~ 0.84 none.
 "Draft long or not at all": a draft of one token never pays (2 tokens for 2.2x the cost).
 
-Acceptance is learnt per sequence: a moving average over the drafted positions verified so far
+Acceptance is learnt per sequence and per kind of guess (:attr:`runner.spec.drafter.Drafter.kinds`:
+prompt lookup's 12-token keys guess far better than its 4-token ones, and the shared pool's
+24-token keys better still, so each has its own record, and hopeful guesses failing do not hold
+back confident ones): a moving average over the drafted positions verified so far
 (accepted ones, and the first rejected one; positions after it tell nothing), starting from
 :data:`PRIOR`. While a sequence does not draft it drifts back towards the prior, so a sequence
-whose text turns repetitive later is probed again. A sequence whose drafts keep failing (no token
-accepted :data:`MAX_FAILS` drafts in a row) stops drafting for :data:`PAUSE` tokens, twice as long
+whose text turns repetitive later is probed again. A kind of guess that keeps failing (no token
+accepted :data:`MAX_FAILS` drafts in a row) is not drafted for :data:`PAUSE` tokens, twice as long
 each time it happens again.
 
 The cost table is fixed (:data:`ROW_COST`), not measured: learnt costs would make the depth, and
@@ -134,7 +137,12 @@ class SeqDrafts:
 
     drafter: Drafter
     depth: int  # the most tokens one draft may have (0: never drafts)
-    acceptance: Acceptance = field(default_factory=Acceptance)
+    kinds: dict[str, Acceptance] = field(default_factory=dict)  # the record of each kind of guess
+    kind: str = ""  # the kind of the last draft proposed
+
+    def acceptance(self, kind: str) -> Acceptance:
+        """The record of the sequence's guesses of ``kind``."""
+        return self.kinds.setdefault(kind, Acceptance())
 
 
 class Speculation:
@@ -171,20 +179,23 @@ class Speculation:
         """The tokens to verify after ``generated``'s last (just sampled) token: at most
         ``limit`` (what the context, ``num_predict`` and the batch leave), none while ``others``
         other sequences share the runner's batches. Pure: asking again gives the same draft."""
+        n = len(generated)
         most = min(seq.depth, limit) if self.enabled else 0
-        if most <= 0 or others > 0 or len(generated) < seq.acceptance.paused_until:
-            if seq.depth:
-                seq.drafter.propose(generated, 0)  # no draft, but the shared pool learns the output
-            return []
-        alpha = seq.acceptance.now(len(generated))
         token_cost = self.draft.token_cost if self.draft is not None else 0.0
-        # as deep as pays, then no deeper than pays for the guess's own length (a guess may be shorter)
-        guess = seq.drafter.propose(generated, best_depth(alpha, most, self.cost, token_cost))
+        # as deep as pays for the best kind not paused, then as deep as pays for the kind the
+        # guess is (a guess may also be shorter)
+        alphas = [a.now(n) for a in map(seq.acceptance, seq.drafter.kinds) if n >= a.paused_until]
+        ask = best_depth(max(alphas), most, self.cost, token_cost) if most > 0 and others == 0 and alphas else 0
+        guess = seq.drafter.propose(generated, ask) if seq.depth else []  # at 0 the pool still learns
         if not guess:
             return []
-        return guess[: best_depth(alpha, len(guess), self.cost, token_cost)]
+        seq.kind = seq.drafter.kind
+        kind = seq.acceptance(seq.kind)
+        if n < kind.paused_until:
+            return []
+        return guess[: best_depth(kind.now(n), len(guess), self.cost, token_cost)]
 
     def verified(self, seq: SeqDrafts, generated: int, proposed: int, accepted: int) -> None:
         """A draft of ``proposed`` tokens, made after ``generated`` tokens, had its first
         ``accepted`` tokens confirmed."""
-        seq.acceptance.record(generated, proposed, accepted)
+        seq.acceptance(seq.kind).record(generated, proposed, accepted)

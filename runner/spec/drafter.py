@@ -13,6 +13,13 @@ from typing import Any, Protocol, Sequence
 
 
 class Drafter(Protocol):
+    #: the kinds of guess this drafter makes, the sequence's acceptance is learnt per kind (prompt
+    #: lookup: its key lengths and the shared pool, whose long keys guess far better than short
+    #: ones; a draft model: one kind), so confident guesses are not held back by hopeful ones
+    kinds: tuple[str, ...]
+    #: the kind of the last guess :meth:`propose` returned (one of :attr:`kinds`)
+    kind: str
+
     def propose(self, generated: Sequence[int], limit: int) -> list[int]:
         """Up to ``limit`` tokens guessed to come next, after the sequence's prompt (given when
         the drafter was made) and ``generated``, its output so far, whose last token is the one
@@ -25,6 +32,9 @@ class Drafter(Protocol):
 
 class NoDrafter:
     """A :class:`Drafter` that never guesses (speculation off for the sequence)."""
+
+    kinds: tuple[str, ...] = ()
+    kind = ""
 
     def propose(self, generated: Sequence[int], limit: int) -> list[int]:
         return []

@@ -48,6 +48,8 @@ class PromptLookup:
         self._indexed = 0  # n-grams ending before this history position are in the index
         self._barrier = -1  # the last barrier position the index has passed
         self._last_barrier = max((i for i, t in enumerate(self._history) if t == _BARRIER), default=-1)
+        self.kinds = tuple(str(n) for n in self.sizes) + (("pool",) if pool is not None else ())
+        self.kind = self.kinds[0] if self.kinds else ""  # the key length of the last guess, or "pool"
         self.pool = pool
         self._pooled = len(self._history)  # the pool has learnt what precedes the history before this
         if pool is not None:  # the prompt, a stretch of text between images at a time
@@ -69,6 +71,7 @@ class PromptLookup:
         if self.pool is not None and end - (self.pool.key - 1) > self._last_barrier:
             draft = self.pool.chain([*history[end - (self.pool.key - 1) :], pending], limit)
             if draft:
+                self.kind = "pool"
                 return draft
         for n in self.sizes:
             tail = end - (n - 1)
@@ -81,6 +84,7 @@ class PromptLookup:
             if _BARRIER in draft:
                 draft = draft[: draft.index(_BARRIER)]
             if draft:
+                self.kind = str(n)
                 return draft
         return []
 
