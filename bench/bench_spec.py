@@ -2,6 +2,7 @@
 engines, beside llama-server's n-gram modes on the same prompts.
 
     python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16] [--fa on]
+        [--pool on]
 
 Tasks, greedy, ``--tokens`` generated (the issue's):
   rewrite  a 42-line Python file with one name changed (input-grounded: the answer repeats it)
@@ -11,8 +12,8 @@ Tasks, greedy, ``--tokens`` generated (the issue's):
 For each model and engine: decode tok/s (``eval_count / eval_duration``) with ``draft_num_predict
 = --depth`` and with 0, their ratio, drafted tokens accepted/proposed, and whether the text is the
 same. With drafts, the first request of a prompt and the repeated ones are reported apart: from
-the second on, the n-gram pool a model's requests share (pollama's, llama-server's ``ngram-mod``)
-holds the first answer, and drafts it whole (or where it parts: without flash attention, and for some weight types, GGML's CPU kernels
+the second on, an n-gram pool a model's requests share (pollama's with ``--pool on``,
+llama-server's ``ngram-mod``) holds the first answer, and drafts it whole (or where it parts: without flash attention, and for some weight types, GGML's CPU kernels
 round a batched row differently from a single one, so a near-tie may flip). ``--fa on`` runs
 both pollama and llama-server with flash attention (default: off in both, pollama's default;
 llama-server's own default, auto, would turn it on). llama-server (built from the pinned sdist,
@@ -146,11 +147,12 @@ def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
 
 
 FLASH = False  # --fa on: flash attention in pollama and llama-server alike (else off in both)
+POOL = False  # --pool on: pollama's shared n-gram pool (POLLAMA_NGRAM_POOL)
 
 
 def load_runner(model: str, engine: str, threads: int, num_parallel: int):
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=0, cache_disk=0,
-                              flash_attention=FLASH)
+                              flash_attention=FLASH, ngram_pool=POOL)
     path = None if model == "smollm2" else str(bench_decode.gemma3())
     r = runner.load(runner.resolve(path, cfg), Options().merged({"num_ctx": 4096, "num_thread": threads}),
                     cfg, num_parallel=num_parallel)
@@ -275,17 +277,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-server", action="store_true", help="skip llama-server")
     ap.add_argument("--no-streams", action="store_true", help="skip the 4-stream rows")
+    ap.add_argument("--pool", choices=("off", "on"), default="off",
+                    help="pollama's shared n-gram pool (POLLAMA_NGRAM_POOL; default off, as pollama's)")
     ap.add_argument("--fa", choices=("off", "on"), default="off",
                     help="flash attention in both pollama and llama-server (default off, pollama's default)")
     a = ap.parse_args()
-    global FLASH
-    FLASH = a.fa == "on"
+    global FLASH, POOL
+    FLASH, POOL = a.fa == "on", a.pool == "on"
     models = a.models.split(",")
     engines = a.engines.split(",")
     tasks = a.tasks.split(",")
 
     print(f"machine: {bench_decode.machine()}; {a.threads} threads; greedy, {a.tokens} tokens; "
-          f"draft_num_predict {a.depth} vs 0; flash attention {a.fa} (both); median of {a.runs} interleaved runs; "
+          f"draft_num_predict {a.depth} vs 0; flash attention {a.fa} (both); n-gram pool {a.pool}; "
+          f"median of {a.runs} interleaved runs; "
           f"load average {load_avg()}")
     print(f"pollama: {bench_decode.git_head(HERE.parent)}\n")
     binary = None if a.no_server else bench_decode.llama_cpp_tool("llama-server")

@@ -95,7 +95,7 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
-                         speculation=Speculation(enabled=cfg.speculative, draft=draft))
+                         speculation=Speculation(enabled=cfg.speculative, draft=draft, pool=cfg.ngram_pool))
     runner.memory_size = (runner.memory_size or need.total) + draft_bytes  # the new engine knows its own
     runner.offload = placement.offload()
     runner.load_duration = time.perf_counter_ns() - t0

@@ -93,6 +93,11 @@ class Config:
     # POLLAMA_SPECULATIVE: draft tokens by prompt lookup and verify them in one decode (runner.spec);
     # "off" (or 0/false/no) turns it off for every request, whatever its draft_num_predict
     speculative: bool = True
+    # POLLAMA_NGRAM_POOL: draft also from an n-gram pool a model's requests share (runner.spec.pool),
+    # so a repeated request is guessed from the first answer. Off by default: a request's guesses
+    # then depend on earlier requests, and guessed rows round differently from single ones, so a
+    # greedy answer could differ from the same request asked first
+    ngram_pool: bool = False
     # OLLAMA_GPU_OVERHEAD: bytes of each GPU's free memory that offload leaves alone (runner.loading.gpu)
     gpu_overhead: int = 0
     # OLLAMA_REMOTES: the hosts (lowercase names, comma-separated) a model pulled from a registry
@@ -406,6 +411,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_dir=Path(_clean(env, "POLLAMA_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser(),
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
         speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
+        ngram_pool=parse_bool(_clean(env, "POLLAMA_NGRAM_POOL")),
         gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
         remotes=parse_remotes(_clean(env, "OLLAMA_REMOTES")),
         remote_api_key=check_api_key(_clean(env, "POLLAMA_REMOTE_API_KEY"), "POLLAMA_REMOTE_API_KEY"),

@@ -10,6 +10,7 @@ from cli.render import metrics_block
 from runner import config
 from runner.api import Chunk, InvalidRequest, Metrics, Options
 from runner.server.openai_api import timings
+from runner.spec.controller import Speculation
 from runner.store.modelfile import parse
 
 
@@ -17,6 +18,16 @@ from runner.store.modelfile import parse
                                       ("0", False), ("false", False), ("no", False)])
 def test_pollama_speculative(value, on):
     assert config.load({"POLLAMA_SPECULATIVE": value}).speculative is on
+
+
+@pytest.mark.parametrize("value,on", [("", False), ("1", True), ("true", True), ("0", False)])
+def test_pollama_ngram_pool(value, on):
+    """The shared pool is off unless asked for: with it, a request's guesses depend on earlier
+    requests, and a greedy answer could then differ from the same request's when asked first."""
+    assert config.load({"POLLAMA_NGRAM_POOL": value}).ngram_pool is on
+    spec = Speculation(pool=on)
+    kinds = spec.begin([1, 2, 3], depth=16).drafter.kinds
+    assert ("pool" in kinds) is on and (spec.pool is not None) is on
 
 
 def test_draft_num_predict_is_an_option():

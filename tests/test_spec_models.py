@@ -50,8 +50,8 @@ class Recording(Speculation):
     """The loop's speculation, recording each verified draft: (tokens generated before it,
     drafted, accepted)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, pool: bool = False) -> None:
+        super().__init__(pool=pool)
         self.drafts: list[tuple[int, int, int]] = []
 
     def verified(self, seq, generated, proposed, accepted):
@@ -125,7 +125,8 @@ def test_an_open_ended_story_is_byte_identical_with_flash_attention(engine):
 
 @pytest.mark.parametrize("engine", ["old", "new"])
 def test_a_repeated_request_is_drafted_from_the_first_answer(engine):
-    """The n-gram pool a model's requests share holds the first answer: asked again, the story
+    """With the n-gram pool a model's requests share (``POLLAMA_NGRAM_POOL``), it holds the first
+    answer: asked again, the story
     (nothing in its prompt to look up) is drafted from it nearly whole, and still comes out as
     decoding without drafts gives it, byte for byte (flash attention, within 256 cells: above)."""
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", flash_attention=True,
@@ -133,7 +134,7 @@ def test_a_repeated_request_is_drafted_from_the_first_answer(engine):
     r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 1024}), cfg, num_parallel=1)
     try:
         plain, _, _ = chat(r, STORY, 0, num_predict=150)
-        spec = r.speculation = Recording()  # one pool for both requests below
+        spec = r.speculation = Recording(pool=True)  # one pool for both requests below
         request = Request(messages=[Message("user", STORY)], cache_prompt=False,
                           options=Options().merged(dict(temperature=0.0, repeat_penalty=1.0, draft_num_predict=16,
                                                         num_predict=150)))

@@ -149,16 +149,18 @@ class Speculation:
     """The runner's speculative decoding: a drafter per sequence and the depth of each draft."""
 
     def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None,
-                 draft: DraftSource | None = None) -> None:
+                 draft: DraftSource | None = None, pool: bool = False) -> None:
         """``enabled`` False: no sequence ever drafts (``POLLAMA_SPECULATIVE=off``, or a model
         whose KV memory cannot drop a sequence's tail); ``cost``: a decode's cost by rows
         (default :class:`StepCost` over :data:`ROW_COST`); ``draft``: a draft model, which
         then drafts for every sequence instead of prompt lookup (Modelfile ``DRAFT``, the
-        ``draft`` option)."""
+        ``draft`` option); ``pool``: prompt lookup also drafts from an n-gram pool the
+        sequences share (``POLLAMA_NGRAM_POOL``)."""
         self.enabled = enabled
         self.cost = cost if cost is not None else StepCost()
         self.draft = draft
-        self.pool = NgramPool()  # what the sequences that draft by lookup have read and written
+        # what the sequences that draft by lookup have read and written
+        self.pool = NgramPool() if pool else None
 
     def begin(self, prompt: Sequence[Any], depth: int, slot: int = 0) -> SeqDrafts:
         """A sequence starts in slot ``slot`` with ``prompt`` (its inputs) and ``depth``, its
