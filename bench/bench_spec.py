@@ -2,7 +2,7 @@
 engines, beside llama-server's n-gram modes on the same prompts.
 
     python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16] [--fa on]
-        [--pool on]
+        [--pool on] [--invariant on]
 
 Tasks, greedy, ``--tokens`` generated (the issue's):
   rewrite  a 42-line Python file with one name changed (input-grounded: the answer repeats it)
@@ -148,11 +148,12 @@ def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
 
 FLASH = False  # --fa on: flash attention in pollama and llama-server alike (else off in both)
 POOL = False  # --pool on: pollama's shared n-gram pool (POLLAMA_NGRAM_POOL)
+INVARIANT = False  # --invariant on: the new engine's batch-invariant kernels (POLLAMA_BATCH_INVARIANT)
 
 
 def load_runner(model: str, engine: str, threads: int, num_parallel: int):
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=0, cache_disk=0,
-                              flash_attention=FLASH, ngram_pool=POOL)
+                              flash_attention=FLASH, ngram_pool=POOL, batch_invariant=INVARIANT)
     path = None if model == "smollm2" else str(bench_decode.gemma3())
     r = runner.load(runner.resolve(path, cfg), Options().merged({"num_ctx": 4096, "num_thread": threads}),
                     cfg, num_parallel=num_parallel)
@@ -279,17 +280,20 @@ def main() -> None:
     ap.add_argument("--no-streams", action="store_true", help="skip the 4-stream rows")
     ap.add_argument("--pool", choices=("off", "on"), default="off",
                     help="pollama's shared n-gram pool (POLLAMA_NGRAM_POOL; default off, as pollama's)")
+    ap.add_argument("--invariant", choices=("off", "on"), default="off",
+                    help="the new engine's batch-invariant kernels (POLLAMA_BATCH_INVARIANT; default off)")
     ap.add_argument("--fa", choices=("off", "on"), default="off",
                     help="flash attention in both pollama and llama-server (default off, pollama's default)")
     a = ap.parse_args()
-    global FLASH, POOL
-    FLASH, POOL = a.fa == "on", a.pool == "on"
+    global FLASH, POOL, INVARIANT
+    FLASH, POOL, INVARIANT = a.fa == "on", a.pool == "on", a.invariant == "on"
     models = a.models.split(",")
     engines = a.engines.split(",")
     tasks = a.tasks.split(",")
 
     print(f"machine: {bench_decode.machine()}; {a.threads} threads; greedy, {a.tokens} tokens; "
           f"draft_num_predict {a.depth} vs 0; flash attention {a.fa} (both); n-gram pool {a.pool}; "
+          f"batch-invariant {a.invariant}; "
           f"median of {a.runs} interleaved runs; "
           f"load average {load_avg()}")
     print(f"pollama: {bench_decode.git_head(HERE.parent)}\n")

@@ -98,6 +98,10 @@ class Config:
     # then depend on earlier requests, and guessed rows round differently from single ones, so a
     # greedy answer could differ from the same request asked first
     ngram_pool: bool = False
+    # POLLAMA_BATCH_INVARIANT: the new engine computes each row of a batch as it would alone
+    # (runner.ml.backend.BackendOptions.batch_invariant): guesses never change a greedy answer
+    # where the weights' products are row-exact too (SmolLM2's Q4_1), at a cost in speed
+    batch_invariant: bool = False
     # OLLAMA_GPU_OVERHEAD: bytes of each GPU's free memory that offload leaves alone (runner.loading.gpu)
     gpu_overhead: int = 0
     # OLLAMA_REMOTES: the hosts (lowercase names, comma-separated) a model pulled from a registry
@@ -412,6 +416,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
         speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
         ngram_pool=parse_bool(_clean(env, "POLLAMA_NGRAM_POOL")),
+        batch_invariant=parse_bool(_clean(env, "POLLAMA_BATCH_INVARIANT")),
         gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
         remotes=parse_remotes(_clean(env, "OLLAMA_REMOTES")),
         remote_api_key=check_api_key(_clean(env, "POLLAMA_REMOTE_API_KEY"), "POLLAMA_REMOTE_API_KEY"),

@@ -30,6 +30,12 @@ def test_pollama_ngram_pool(value, on):
     assert ("pool" in kinds) is on and (spec.pool is not None) is on
 
 
+@pytest.mark.parametrize("value,on", [("", False), ("1", True), ("0", False)])
+def test_pollama_batch_invariant(value, on):
+    cfg = config.load({"POLLAMA_BATCH_INVARIANT": value})
+    assert cfg.batch_invariant is on
+
+
 def test_draft_num_predict_is_an_option():
     assert Options().draft_num_predict == 16  # on by default (bench/bench_spec.py)
     assert Options().merged({"draft_num_predict": 0}).draft_num_predict == 0

@@ -269,3 +269,36 @@ def test_an_image_in_the_prompt(gemma3_path, tmp_path, engine):
         assert metrics.draft_n_accepted > 0
     finally:
         r.close()
+
+
+MILLBROOK = "\n\n".join((
+    "The town of Millbrook sits where the Arden river bends east toward the sea. It was founded in 1742 by a "
+    "group of millers who used the fast water to turn their wheels, and for a century the town lived on flour, "
+    "timber and wool.",
+    "The old stone bridge was built in 1811 after the wooden one was carried away by a spring flood. It has five "
+    "arches, each a little wider than the one before, and the townspeople say that the middle arch was left "
+    "unfinished for a year because the mason refused to work until he was paid.",
+    "In 1868 the railway reached Millbrook, and with it came a station, two hotels and a brass band that still "
+    "plays on the first Sunday of every month. The mills closed one by one after the First World War, and the "
+    "last of them became a museum in 1974.",
+    "Today Millbrook is known for its autumn fair, its library, which holds the letters of the founding "
+    "families, and the walking path that follows the river from the bridge to the old lighthouse at the estuary."))
+QUOTE = ("Read the document and answer by quoting it word for word: what does it say about the old stone bridge "
+         "and about the railway? Quote both paragraphs exactly.\n\n" + MILLBROOK)
+
+
+def test_batch_invariant_drafts_keep_the_answer_byte_identical():
+    """POLLAMA_BATCH_INVARIANT on the new engine (GGML's reference kernels: a lone row's flash
+    attention not split across threads past 512 cells, no fused ops): a drafted row is computed
+    as it would be alone, and the answer with guesses is the one without, byte for byte. Without
+    the mode this quote (300 tokens) parted at character 129 when this was written."""
+    cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1"}), new_engine=True, flash_attention=True,
+                              cache_dir=fresh_cache_dir())
+    r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 2048}), cfg, num_parallel=1)
+    try:
+        plain, _, _ = chat(r, QUOTE, 0, num_predict=300)
+        got, final, drafts = chat(r, QUOTE, 16, num_predict=300)
+        assert got == plain
+        assert final.metrics.draft_n_accepted > 50 and drafts  # the quote is drafted from the document
+    finally:
+        r.close()

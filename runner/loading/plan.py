@@ -54,6 +54,7 @@ class LoadOptions:
     draft: str = ""  # the draft model's GGUF path (runner.loop.draftmodel); "": none
     num_gpu: int = -1  # layers to offload (old engine, GPU build): -1 as many as fit, 0 none (runner.loading.gpu)
     main_gpu: int = 0  # the GPU a model that fits on one goes to (runner.loading.gpu)
+    batch_invariant: bool = False  # POLLAMA_BATCH_INVARIANT: rows computed as alone (new engine)
 
     def serves(self, want: LoadOptions) -> bool:
         """Whether a runner loaded with these options serves a request that wants ``want``:
@@ -93,6 +94,7 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
         num_gpu=options.num_gpu if options.num_gpu >= 0 else -1,
         main_gpu=options.main_gpu,
         draft=draft_path(info, options, cfg),
+        batch_invariant=cfg.batch_invariant,
     )
 
 

@@ -36,12 +36,18 @@ class BackendOptions:
     - ``num_threads``: compute threads (``None``: the number of physical cores we can use);
     - ``flash_attention``: use the fused attention kernel (f16 K/V, f16 mask) instead of
       ``softmax(K^T Q) V`` in separate ops;
-    - ``max_graph_nodes``: capacity of one compute graph.
+    - ``max_graph_nodes``: capacity of one compute graph;
+    - ``batch_invariant``: compute each row of a batch as it would be computed alone, whatever
+      else the batch holds (GGML's reference kernels: flash attention neither split across
+      threads for one row nor tiled for many, no fused ops), so drafted rows verified in a batch
+      give the answer decoding alone gives (``POLLAMA_BATCH_INVARIANT``). Slower: a decode at
+      2,000 cells ~8%, a prompt ~30% (2 threads).
     """
 
     num_threads: int | None = None
     flash_attention: bool = True
     max_graph_nodes: int = 8192
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,8 @@ class GGMLEngine:
         self.info = info
         self.num_ctx, self.num_batch = num_ctx, num_batch
         self.batch_capacity = num_batch  # one cell pool: num_batch tokens a decode in all
-        options = BackendOptions(num_threads=load.num_thread, flash_attention=load.flash_attention)
+        options = BackendOptions(num_threads=load.num_thread, flash_attention=load.flash_attention,
+                                 batch_invariant=load.batch_invariant)
         try:
             self._tok = load_tokenizer(info.path)
             self.model = load_model(info.path, options)

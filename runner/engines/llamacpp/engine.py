@@ -158,6 +158,9 @@ class LlamaEngine:
         """``placement``: the layers to offload and where (:mod:`runner.loading.gpu`; the CPU
         by default)."""
         num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
+        if load.batch_invariant:
+            log.warning("POLLAMA_BATCH_INVARIANT applies to the new engine only: llama.cpp keeps its "
+                        "kernels' choice to itself (OLLAMA_NEW_ENGINE=1)")
         self.info = info
         self.memory_size = 0  # llama.cpp does not say: runner.load's estimate stands
         self.num_ctx, self.num_batch = num_ctx, num_batch

@@ -671,6 +671,7 @@ class GGMLBackend:
         if not self.ptr:
             raise RuntimeError("ggml_backend_cpu_init failed")
         g.ggml_backend_cpu_set_n_threads(self.ptr, self.num_threads)
+        g.ggml_backend_cpu_set_use_ref(self.ptr, self.options.batch_invariant)
         self.buft = g.ggml_backend_get_default_buffer_type(self.ptr)
         self.allocator = g.ggml_gallocr_new(self.buft)
         # the graph (and its node count) whose tensors hold addresses in the allocator's buffer

@@ -305,6 +305,7 @@ ggml_backend_get_device = _bind(_base, "ggml_backend_get_device", P, [P])
 # ----------------------------------------------------------------------------------- ggml-cpu.h
 ggml_backend_cpu_init = _bind(_cpu, "ggml_backend_cpu_init", P, [])
 ggml_backend_cpu_set_n_threads = _bind(_cpu, "ggml_backend_cpu_set_n_threads", None, [P, c_int])
+ggml_backend_cpu_set_use_ref = _bind(_cpu, "ggml_backend_cpu_set_use_ref", None, [P, c_bool])
 ggml_cpu_has_avx2 = _bind(_cpu, "ggml_cpu_has_avx2", c_int, [])
 
 
