@@ -44,7 +44,7 @@ from .loading.resolve import ResolvedModel, model_info, resolve
 from .loop.engine import Engine
 from .loop.pipeline import InlineDecoder, ThreadDecoder
 from .loop.runner import BatchRunner
-from .spec.controller import Speculation
+from .spec.controller import Speculation, StepCost
 from .loop.draftmodel import DraftModel
 
 __all__ = [
@@ -95,7 +95,8 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
-                         speculation=Speculation(enabled=cfg.speculative, draft=draft, pool=cfg.ngram_pool))
+                         speculation=Speculation(enabled=cfg.speculative, cost=StepCost.of(info.architecture),
+                                                 draft=draft, pool=cfg.ngram_pool))
     runner.memory_size = (runner.memory_size or need.total) + draft_bytes  # the new engine knows its own
     runner.offload = placement.offload()
     runner.load_duration = time.perf_counter_ns() - t0

@@ -134,3 +134,11 @@ def test_each_kind_of_guess_has_its_own_record():
     assert short_drafts <= 12  # paused after three failures, for longer each time
     # what the controller lets through follows the kind: the long kind's record says all 16
     assert spec.propose(seq, [7] * 400, limit=16, others=0) == list(range(200, 216))
+
+
+def test_each_architecture_has_its_cost_table():
+    """gemma3's rows cost less than SmolLM2's (measured): at the same acceptance it drafts deeper."""
+    gemma, llama = StepCost.of("gemma3"), StepCost.of("llama")
+    assert gemma(16) == 5.07 and llama(16) == StepCost()(16) == 7.1
+    assert StepCost.of("no-such-architecture")(32) == 12.0
+    assert best_depth(0.95, 32, gemma) > best_depth(0.95, 32, llama) > 8

@@ -37,7 +37,7 @@ def test_pollama_batch_invariant(value, on):
 
 
 def test_draft_num_predict_is_an_option():
-    assert Options().draft_num_predict == 16  # on by default (bench/bench_spec.py)
+    assert Options().draft_num_predict == 32  # on by default, as deep as the runner allows (bench/bench_spec.py)
     assert Options().merged({"draft_num_predict": 0}).draft_num_predict == 0
     assert Options().merged({"draft_num_predict": "4"}).draft_num_predict == 4  # -o draft_num_predict=4
     with pytest.raises(InvalidRequest):

@@ -40,9 +40,17 @@ from .ngram import PromptLookup
 from .pool import NgramPool
 
 #: (rows, cost relative to a one-row decode) on GGML's CPU kernels: SmolLM2-135M Q4_1 measured to
-#: 16 rows (issue 26 notes §D; gemma-3-270m is cheaper per row), beyond that extrapolated
+#: 16 rows (issue 26 notes §D), beyond that extrapolated; the table of any architecture
+#: :data:`ROW_COSTS` does not name
 ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5), (16, 7.1), (32, 12.0),
                                            (64, 22.0))
+#: the tables of architectures whose rows cost measurably less (2 cores, llama.cpp through the old
+#: engine, after a 200-token prompt; bench/README.md): gemma-3-270m Q4_K_M measured to 32 rows.
+#: A fixed table per architecture, not one measured at load: the depth, and with it which rows are
+#: computed in one batch, must follow from the tokens alone (see above)
+ROW_COSTS: dict[str, tuple[tuple[int, float], ...]] = {
+    "gemma3": ((1, 1.0), (2, 2.07), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
+}
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
 #: room for ``1 + MAX_DRAFT`` output rows per sequence)
 MAX_DRAFT = 32
@@ -64,6 +72,11 @@ MAX_PAUSE = 1024
 class StepCost:
     """The cost of a decode step by rows, relative to one row: piecewise linear through a table
     of (rows, cost), extended along its last piece."""
+
+    @classmethod
+    def of(cls, architecture: str) -> "StepCost":
+        """The cost table of models of ``architecture`` (GGUF ``general.architecture``)."""
+        return cls(ROW_COSTS.get(architecture, ROW_COST))
 
     def __init__(self, table: Sequence[tuple[int, float]] = ROW_COST) -> None:
         self.table = sorted((int(r), float(c)) for r, c in table)
