@@ -114,7 +114,7 @@ class Options:
     stop: list[str] = field(default_factory=list)
     # speculative decoding (runner.spec): the most tokens drafted per step, 0 = off (the runner
     # drafts fewer, or none, where its acceptance and the cost of a step say so; at most 32, the
-    # default: a verbatim copy pays deepest). On by default: bench/bench_spec.py measured 1.5-2.5x
+    # default: a verbatim copy pays deepest). On by default: bench/bench_spec.py measured 1.8-2.5x
     # on gemma-3-270m and ~1.0x on SmolLM2, whose guesses are half wrong (bench/README.md)
     draft_num_predict: int = 32
     # a draft model (runner.loop.draftmodel): a store name or a .gguf path of a smaller model with
