@@ -94,3 +94,30 @@ def test_old_engine_pages_hold_their_cells_and_join_back(v_trans: bool, regular:
     assert bytes(joined) == state and isinstance(joined, memoryview)  # written into the buffer given
     held = kvstate.split(state, BOUNDS, held={1})
     assert held is not None and held[1] is None and held[0] == parts[0]
+
+
+# ------------------------------------------------------------- ranges of a larger state (groups)
+FORMATS = {"new": (snapshot, lambda rng, ok: new_state(rng, True, ok)), "old": (kvstate, lambda rng, ok: llama_state(rng, True, ok))}
+
+
+@pytest.mark.parametrize("regular", [True, False], ids=["one-row-size", "per-layer-sizes"])
+@pytest.mark.parametrize("engine", ["new", "old"])
+def test_ranges_of_a_group_join_like_the_pages_they_hold(engine: str, regular: bool) -> None:
+    """The prompt store keeps a save's new pages as one state (a group) and each page as a range
+    of it: a join of ranges (runs of pages merged, or each page alone) gives the bytes a join of
+    the pages gives, and a range on its own is the page's state."""
+    fmt, make = FORMATS[engine]
+    state = make(np.random.default_rng(3), regular)
+    pages = fmt.split(state, BOUNDS)
+    _, group = fmt.split(state, [0, 16, 53], held={0})  # pages 1..3 as one state of positions 16..52
+    spans = [(group, 0, 16), (group, 16, 32), (group, 32, 37)]
+    assert bytes(fmt.join([pages[0], *spans])) == state
+    assert bytes(fmt.join([pages[0], (group, 0, 37)])) == state  # merged: one run per layer and element
+    assert bytes(fmt.join([pages[0], (group, 0, 16)])) == bytes(fmt.join(pages[:2]))
+    for (lo, hi), page in zip([(0, 16), (16, 32), (32, 37)], pages[1:]):
+        assert bytes(fmt.join([(group, lo, hi)])) == bytes(page)  # a page cut from its group
+    scratch = bytearray(len(state) + 100)
+    assert bytes(fmt.join([pages[0], (group, 0, 37)], scratch)) == state
+    for bad in ([(group, 0, 38)], [(group, 5, 5)], [(group, 16, 32), (group, 0, 16)]):
+        with pytest.raises(ValueError):  # past the group's end, empty, positions not ascending
+            fmt.join([pages[0], *bad])

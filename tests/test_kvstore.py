@@ -341,20 +341,27 @@ class Rows:
     ROW = 8
 
     def __init__(self):
-        self.cut = 0  # pages cut so far
+        self.cut = 0  # positions cut so far
+        self.joins = 0
 
     def split_state(self, state, bounds, held=()):
         if len(state) != bounds[-1] * self.ROW:
             return None  # not positions 0..n-1: kept whole
         parts = [None if i in held else bytes(state[a * self.ROW : b * self.ROW])
                  for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-        self.cut += sum(p is not None for p in parts)
+        self.cut += sum(len(p) // self.ROW for p in parts if p is not None)
         return parts
 
     def join_states(self, parts):
+        self.joins += 1
+        self.joined = parts
+        parts = [p[0][p[1] * self.ROW : p[2] * self.ROW] if isinstance(p, tuple) else p for p in parts]
         if any(len(p) % self.ROW for p in parts):
             raise ValueError("not rows")
         return b"".join(parts)
+
+    def page_state(self, state, lo, hi):
+        return bytes(state[lo * self.ROW : hi * self.ROW])
 
 
 def rows_for(inputs: list[int]) -> bytes:
@@ -382,7 +389,9 @@ def test_a_shared_prefix_is_stored_once():
     alone = paged_store()
     alone.save(b, rows_for(b))
     assert store.ram.used < used_a + alone.ram.used
-    shared = sum(e.nbytes for e in alone.ram._entries.values() if e.end <= 3 * BLOCK)
+    # the shared pages' entries and rows (a page's rows count with its save's group: b's holds
+    # only its 35 inputs after the system prompt's blocks)
+    shared = sum(e.nbytes for e in alone.ram._entries.values() if e.end <= 3 * BLOCK) + 3 * BLOCK * Rows.ROW
     assert store.ram.used == used_a + alone.ram.used - shared  # counted once
     for conv in (a, b):  # each comes back whole, to the input
         found = store.lookup(conv + [1, 2])
@@ -398,12 +407,27 @@ def test_a_shared_prefix_is_stored_once():
 def test_a_growing_conversation_cuts_only_its_new_pages():
     store = paged_store()
     a = SYSTEM + tokens(40, start=100)  # 93 inputs: 5 blocks and a tail
-    assert store.save(a, rows_for(a)) and store.pager.cut == 6
+    assert store.save(a, rows_for(a)) and store.pager.cut == 93
     longer = a + tokens(20, start=900)  # the next turn: 113 inputs, 7 blocks and a tail
     assert store.save(longer, rows_for(longer))
-    assert store.pager.cut == 6 + 3  # blocks 5 and 6 and the tail; the first five are held
+    assert store.pager.cut == 93 + 33  # blocks 5 and 6 and the tail; the first five are held
     found = store.lookup(longer + [1])
     assert found.n == len(longer) and found.state == rows_for(longer)
+
+
+def test_a_save_s_pages_are_one_group_and_join_in_one_piece():
+    store = paged_store()
+    a = tokens(100)  # 6 blocks and a tail of 4: 7 pages, one group
+    assert store.save(a, rows_for(a))
+    found = store.lookup(a + [1, 2])
+    assert found.state == rows_for(a) and store.pager.joins == 0  # the group itself: nothing to join
+    longer = a + tokens(50, start=900)  # 150 inputs: the tail's block and 3 more pages, a second group
+    assert store.save(longer, rows_for(longer)) and store.pager.cut == 100 + 54
+    found = store.lookup(longer + [1])
+    assert found.state == rows_for(longer) and store.pager.joins == 1
+    assert [p[1:] for p in store.pager.joined] == [(0, 96), (0, 54)]  # one piece per group, not per page
+    found = store.lookup(a[:40] + [7])  # a prefix of the first group: a range of it
+    assert (found.n, found.state_n) == (40, 48) and found.state == rows_for(a[:48])
 
 
 def test_pages_serve_to_the_input_and_tails_are_replaced():
@@ -458,7 +482,11 @@ def test_the_bound_holds_for_pages_under_a_stream_of_conversations():
         assert store.save(conv, rows_for(conv))
         assert store.ram.used <= limit
         assert store.lookup(conv).n == len(conv)  # the newest is always whole
-    assert store.ram.used == sum(e.nbytes for e in store.ram._entries.values())
+        entries = list(store.ram._entries.values())
+        groups = {id(e.state.group): e.state.group for e in entries}  # every page is a span of its save's
+        assert all(g.live == sum(e.state.group is g for e in entries) for g in groups.values())
+        # each group counted once, as long as one of its pages is held
+        assert store.ram.used == sum(e.nbytes for e in entries) + sum(g.nbytes for g in groups.values())
     too_long = tokens(limit // 8)
     assert not store.save(too_long, rows_for(too_long))  # larger than the whole bound: refused
     assert store.ram.used <= limit
@@ -485,7 +513,7 @@ def test_pages_that_do_not_join_are_dropped():
     store = PromptStore(FP, RamStore(1 << 20), pager=Refusing())
     a = tokens(40)
     store.save(a, rows_for(a))
-    assert store.lookup(a) is None and store.ram.pages() == 0
+    assert store.lookup(a[:20]) is None and store.ram.pages() == 0  # two of the save's three pages: a join
 
 
 def test_the_slot_cache_restores_pages_of_another_conversations_prefix():

@@ -41,7 +41,10 @@ class Rows:
         return [None if i in held else state[a * 8 : b * 8] for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
     def join_states(self, parts):
-        return b"".join(parts)
+        return b"".join(p[0][p[1] * 8 : p[2] * 8] if isinstance(p, tuple) else p for p in parts)
+
+    def page_state(self, state, lo, hi):
+        return bytes(state[lo * 8 : hi * 8])
 
 
 def rows_for(inputs: list[int]) -> bytes:

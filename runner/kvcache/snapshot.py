@@ -287,43 +287,56 @@ def split(data: bytes | bytearray | memoryview, bounds: Sequence[int],
     return parts
 
 
-def join(parts: Sequence[bytes | bytearray | memoryview], into: bytearray | None = None) -> bytearray | memoryview:
+def join(parts: Sequence[bytes | bytearray | memoryview | tuple[bytes | bytearray | memoryview, int, int]],
+         into: bytearray | None = None) -> bytearray | memoryview:
     """One state of all the positions ``parts`` hold, in order (what :func:`split` cut, joined
     back: the same bytes), written into ``into`` when it is large enough and no part lies in it,
     else, ``into`` given, into a new buffer a turn or two larger, for the caller to reuse (a view
-    of it is returned; see :class:`Writer`). :class:`SnapshotError` when one is
-    truncated, of another geometry, or the positions do not ascend from part to part."""
-    states = [read(p) for p in parts]
+    of it is returned; see :class:`Writer`). A part is a state, or ``(state, lo, hi)``: that
+    state's positions at indices ``lo..hi-1`` only (a page kept within a larger state: one run
+    per layer and V element row however many pages it holds). :class:`SnapshotError` when one is
+    truncated, of another geometry, a range is out of its state, or the positions do not ascend
+    from part to part."""
+    ranges = [p if isinstance(p, tuple) else (p, 0, None) for p in parts]
+    states = [read(p) for p, _, _ in ranges]
     if not states:
         raise SnapshotError("no states to join")
     geometry = states[0].geometry
     if any(s.geometry != geometry for s in states):
         raise SnapshotError("states of different geometries")
-    positions = np.concatenate([s.positions for s in states])
+    cuts = [(lo, s.n if hi is None else hi) for s, (_, lo, hi) in zip(states, ranges)]
+    if any(not 0 <= lo < hi <= s.n for s, (lo, hi) in zip(states, cuts)):
+        raise SnapshotError("a range out of its state")
+    positions = np.concatenate([s.positions[lo:hi] for s, (lo, hi) in zip(states, cuts)])
     if len(positions) > 1 and not bool(np.all(positions[1:] > positions[:-1])):
         raise SnapshotError("positions not ascending")
     if into is not None and any(np.may_share_memory(np.frombuffer(into, np.uint8), np.frombuffer(p, np.uint8))
-                                for p in parts):
+                                for p, _, _ in ranges):
         into = None
     size = _size(geometry, len(positions))
     if into is not None and len(into) < size:
         into = bytearray(size + size // 8)  # a conversation grows: its next join fits
-    out = Writer(geometry, positions, np.concatenate([s.cells for s in states]), into)
+    out = Writer(geometry, positions, np.concatenate([s.cells[lo:hi] for s, (lo, hi) in zip(states, cuts)]), into)
     if geometry.regular and geometry.layers:  # every layer of a part in one copy
         k, v, at = out.stacked(False), out.stacked(True), 0
         elt = _element(geometry, 0)
-        for s in states:
-            _runs_into(k[:, at : at + s.n], s.stacked(False), 1)
+        for s, (lo, hi) in zip(states, cuts):
+            m = hi - lo
+            _runs_into(k[:, at : at + m], s.stacked(False)[:, lo:hi], 1)
             if geometry.permuted_v:  # the part's run in each element row
-                _runs_into(v[:, :, at * elt : (at + s.n) * elt], s.stacked(True), 2)
+                _runs_into(v[:, :, at * elt : (at + m) * elt], s.stacked(True)[:, :, lo * elt : hi * elt], 2)
             else:
-                _runs_into(v[:, at : at + s.n], s.stacked(True), 1)
-            at += s.n
+                _runs_into(v[:, at : at + m], s.stacked(True)[:, lo:hi], 1)
+            at += m
         return out.finish()
-    v_axis = 1 if geometry.permuted_v else 0  # permuted V: the parts' runs side by side in each element row
     for i in range(len(geometry.layers)):
-        np.concatenate([s.k_rows(i) for s in states], axis=0, out=out.k_rows(i))
-        np.concatenate([s.v_rows(i) for s in states], axis=v_axis, out=out.v_rows(i))
+        np.concatenate([s.k_rows(i)[lo:hi] for s, (lo, hi) in zip(states, cuts)], axis=0, out=out.k_rows(i))
+        if geometry.permuted_v:  # the parts' runs side by side in each element row
+            e = _element(geometry, i)
+            np.concatenate([s.v_rows(i)[:, lo * e : hi * e] for s, (lo, hi) in zip(states, cuts)], axis=1,
+                           out=out.v_rows(i))
+        else:
+            np.concatenate([s.v_rows(i)[lo:hi] for s, (lo, hi) in zip(states, cuts)], axis=0, out=out.v_rows(i))
     return out.finish()
 
 

@@ -62,6 +62,7 @@ from typing import Any, Sequence
 from ..store.blobs import remove, write_atomic
 from ..store.layout import Layout, OutsideStore
 from .key import Chain, Page, chain, page_key
+from .pages import Span
 from .ram import Entry, Hit, RamStore, Ref
 
 log = logging.getLogger(__name__)
@@ -338,6 +339,8 @@ class DiskStore:
                 continue
             if part is None:
                 break  # evicted since the caller looked: the pages after it are unreachable
+            if isinstance(part, Span):  # a page the RAM tier keeps in its group: its own state
+                part = part.page_state()
             header, size = _header(root, entry, len(part), self.block)  # only the pages written
             self._wait_calm(calm)
             self._write_file(entry.state, header, part)

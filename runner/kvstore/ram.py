@@ -22,6 +22,10 @@ under the deepest block prefix it shares with any (one not under it differs with
 it shares less), and the one sharing the most inputs wins, counted exactly. A lookup returns the
 longer of the two kinds' matches.
 
+**Groups.** A page may be a :class:`~.pages.Span` of the state one save cut for all its new pages
+(:mod:`.pages`): its bytes are counted with that group's, once, from when the first of the group's
+pages is kept until the last is gone (the group's memory is freed only then).
+
 Saving a state drops the whole entries and tail pages it extends (a prefix of its inputs under the
 same fingerprint: it serves them too), as llama-server's ``--cache-ram`` does. The bound
 (``OLLAMA_CACHE_RAM`` MiB, :data:`runner.config.DEFAULT_CACHE_RAM`) counts each entry's state bytes
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from .key import DIGEST, Chain, Page
+from .pages import Span
 
 ENTRY_OVERHEAD = 256  # bytes counted per entry besides its state, keys and inputs
 INPUT_BYTES = 8  # counted per input held (a reference; small ints are shared)
@@ -198,7 +203,9 @@ class RamStore:
                     break
                 new = None if held is not None else Entry.of_page(page, chain.inputs[page.start : page.end], *part)
                 plan.append((held, new))
-            new_cost = sum(new.nbytes for _, new in plan if new is not None)
+            groups = {id(g): g for g in (new.state.group for _, new in plan
+                                         if new is not None and isinstance(new.state, Span)) if not g.live}
+            new_cost = sum(new.nbytes for _, new in plan if new is not None) + sum(g.nbytes for g in groups.values())
             if not plan or new_cost + sum(held.nbytes for held, _ in plan if held is not None) > self.limit:
                 return 0
             gone += self._drop_extended(chain, pages[len(plan) - 1].end)
@@ -323,6 +330,9 @@ class RamStore:
 
     def clear(self) -> None:
         with self._lock:
+            for entry in self._entries.values():
+                if isinstance(entry.state, Span):
+                    entry.state.group.live = 0
             self._entries.clear()
             self._children.clear()
             self._holders.clear()
@@ -332,6 +342,11 @@ class RamStore:
     def _add(self, entry: Entry) -> None:
         self._entries[entry.ref] = entry
         self._used += entry.nbytes
+        if isinstance(entry.state, Span):
+            group = entry.state.group
+            if not group.live:
+                self._used += group.nbytes
+            group.live += 1
         if entry.whole:
             for prefix in entry.prefixes:
                 self._holders.setdefault(prefix, set()).add(entry.key)
@@ -346,6 +361,11 @@ class RamStore:
             if self._entries.pop(e.ref, None) is None:
                 continue
             self._used -= e.nbytes
+            if isinstance(e.state, Span):
+                group = e.state.group
+                group.live -= 1
+                if not group.live:
+                    self._used -= group.nbytes
             gone.append(e)
             if e.whole:
                 for prefix in e.prefixes:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from .disk import DiskStore
 from .key import BLOCK, Chain, Fingerprint, chain
-from .pages import Pager
+from .pages import Pager, Span, cut_group, join
 from .ram import Hit, RamStore, Ref
 
 MIN_INPUTS = BLOCK  # states shorter than one block are not worth keeping: they recompute in a blink
@@ -119,8 +119,9 @@ class PromptStore:
         parts = self._split(found, state)
         if parts is None:
             kept = ram.put(found, state, len(state))
-        else:
-            kept = ram.put_pages(found, [None if p is None else (p, len(p)) for p in parts]) > 0
+        else:  # a span's bytes count with its group's (:mod:`.ram`)
+            kept = ram.put_pages(found, [None if p is None else (p, 0 if isinstance(p, Span) else len(p))
+                                         for p in parts]) > 0
         if disk is not None and not disk.holds(found):
             if parts is not None:  # what the disk lacks: the pages cut now, or RAM's (the same bytes)
                 parts = [None if disk.has_page(page.key) else part if part is not None else self._ram_page(page.key)
@@ -136,8 +137,9 @@ class PromptStore:
         """``state`` cut into ``found``'s pages, None in place of each page the tiers need not
         have cut: one RAM holds (it gives the disk its bytes too), or with the RAM tier off one
         the disk has or has queued. A conversation that came back from the store adds only its
-        new pages: cutting the others again is most of a save's time. None when the engine keeps
-        it whole."""
+        new pages: cutting the others again is most of a save's time. The new pages are spans
+        of one group (:mod:`.pages`) when they follow all the held ones, as they do but for a
+        page evicted meanwhile. None when the engine keeps it whole."""
         if self.pager is None:
             return None
         pages = found.pages()
@@ -147,7 +149,14 @@ class PromptStore:
             held = {i for i, page in enumerate(pages) if self.tiers.disk.has_page(page.key)}
         else:
             held = set()
-        parts = self.pager.split_state(state, [page.start for page in pages] + [found.n], held)
+        bounds = [page.start for page in pages] + [found.n]
+        first = len(held)
+        if held == set(range(first)):
+            if first == len(pages):
+                return [None] * first
+            spans = cut_group(self.pager, state, bounds, first)
+            return None if spans is None else [None] * first + spans
+        parts = self.pager.split_state(state, bounds, held)
         return None if parts is None else list(parts)
 
     def lookup(self, prompt: Sequence[Any]) -> Found | None:
@@ -179,7 +188,7 @@ class PromptStore:
             if self.pager is None:  # pages another load wrote, this one cannot join
                 return None
             try:
-                state = self.pager.join_states(states)
+                state = join(self.pager, states)
             except ValueError as err:
                 log.warning("prompt cache: dropping %d page(s) that do not join (%s)", len(states), err)
                 self._drop(tuple(entry.ref for entry in hit.entries))

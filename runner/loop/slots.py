@@ -67,12 +67,18 @@ class KvOps(Protocol):
         for each ``i`` in ``held`` (the store has it: not cut). None when ``state`` does not cut
         so (a sliding window holds only its last cells): the store keeps it whole."""
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytes | bytearray | memoryview:
+    def join_states(self, parts: list[Any]) -> bytes | bytearray | memoryview:
         """One state, for :meth:`import_seq`, of the positions ``parts`` hold (states that
-        :meth:`split_state` cut, of this load or another with the same ``state_layout``), in
+        :meth:`split_state` cut, of this load or another with the same ``state_layout``, or
+        ``(state, lo, hi)``: the positions such a state holds at indices ``[lo, hi)``), in
         order; joining what was split gives its bytes back. It may be written into a buffer the
         engine reuses: valid until the next join (a restore imports it at once). ValueError when
         they do not fit together."""
+
+    def page_state(self, state: bytes | bytearray, lo: int, hi: int) -> bytes | bytearray | memoryview:
+        """The state of the positions ``state`` (a :meth:`split_state` part) holds at indices
+        ``[lo, hi)``, in a new buffer; reads ``state`` only, so any thread may call it (the prompt
+        store's disk writer does)."""
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,12 @@ class CacheKv:
                     held: Collection[int] = ()) -> list[bytearray | None] | None:
         return snapshot.split(state, bounds, held)
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytearray | memoryview:
+    def join_states(self, parts: list) -> bytearray | memoryview:
         state = snapshot.join(parts, self._joined)  # SnapshotError is a ValueError
         buf = state.obj if isinstance(state, memoryview) else state
         if isinstance(buf, bytearray):
             self._joined = buf  # the next join writes into it (this one is imported first)
         return state
+
+    def page_state(self, state: bytes | bytearray, lo: int, hi: int) -> bytearray | memoryview:
+        return snapshot.join([(state, lo, hi)])  # no buffer of ours: any thread may call it

@@ -165,12 +165,15 @@ class LlamaKv:
                     held: Collection[int] = ()) -> list[bytearray | None] | None:
         return kvstate.split(state, bounds, held)
 
-    def join_states(self, parts: list[bytes | bytearray]) -> bytearray | memoryview:
+    def join_states(self, parts: list) -> bytearray | memoryview:
         state = kvstate.join(parts, self._joined)
         buf = state.obj if isinstance(state, memoryview) else state
         if isinstance(buf, bytearray):
             self._joined = buf  # the next join writes into it (this one is imported first)
         return state
+
+    def page_state(self, state: bytes | bytearray, lo: int, hi: int) -> bytearray | memoryview:
+        return kvstate.join([(state, lo, hi)])  # no buffer of ours: any thread may call it
 
     def _set(self, seq: int, state: bytes | bytearray) -> bool:
         size = len(state)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Collection
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -246,25 +246,30 @@ def split(state: bytes | bytearray | memoryview, bounds: list[int],
         count = end - begin
         layout = layouts.get(count)
         if layout is None:  # the first page of this count is framed whole, the others like it
-            frame = _frame(head, n_stream, index, stream.seq, stream.positions[begin:end], stream)[0]
-            layout = layouts[count] = _Layout.of(memoryview(frame), _one_stream(frame)[3])
-        out = bytearray(layout.size)
-        body = np.frombuffer(out, dtype=np.uint8)
-        body[layout.head_index] = layout.head_bytes
-        out[:8] = head
-        meta = body[layout.meta_at : layout.meta_at + 12 * count].view("<i4").reshape(count, 3)
-        meta[:, 0], meta[:, 1], meta[:, 2] = stream.positions[begin:end], 1, stream.seq
+            out = _frame(head, n_stream, index, stream.seq, stream.positions[begin:end], stream)[0]
+            layout = layouts[count] = _Layout.of(memoryview(out), _one_stream(out)[3])
+            body = np.frombuffer(out, dtype=np.uint8)
+        else:
+            out = bytearray(layout.size)
+            body = np.frombuffer(out, dtype=np.uint8)
+            body[layout.head_index] = layout.head_bytes
+            out[:8] = head
+            meta = body[layout.meta_at : layout.meta_at + 12 * count].view("<i4").reshape(count, 3)
+            meta[:, 0], meta[:, 1], meta[:, 2] = stream.positions[begin:end], 1, stream.seq
         _copy_cells(layout.rows(body, layout.k), k_rows, 0, begin, end, 0)
         _copy_cells(layout.rows(body, layout.v), v_rows, 0, begin, end, v_axis)
         parts.append(out)
     return parts
 
 
-def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = None) -> bytearray | memoryview:
+def join(parts: Sequence[bytes | bytearray | memoryview | tuple[bytes | bytearray | memoryview, int, int]],
+         into: bytearray | None = None) -> bytearray | memoryview:
     """One state of all the cells ``parts`` hold, in order (what :func:`split` cut, joined back:
-    the same bytes), in the first part's stream and sequence id. ValueError when a part is not a
-    one-stream state, the parts' layouts differ (streams, V layout, layer headers) or their
-    positions do not ascend.
+    the same bytes), in the first part's stream and sequence id. A part is a state, or ``(state,
+    lo, hi)``: that state's cells ``lo..hi-1`` only (a page kept within a larger state: one run
+    per layer and V element however many pages it holds). ValueError when a part is not a
+    one-stream state, the parts' layouts differ (streams, V layout, layer headers), a range is
+    out of its state, or their positions do not ascend.
 
     Every part of one cell count lies out its bytes alike, so only the first part of each count
     is parsed (:class:`_Layout`); the others are checked against it (their size, and every header
@@ -276,11 +281,12 @@ def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = N
     a 50 MB state costs ~13,000 first-touch page faults, more than the copy itself."""
     if not parts:
         raise ValueError("no states to join")
-    data, n_stream, index, first = _one_stream(parts[0])
+    ranges = [p if isinstance(p, tuple) else (p, 0, None) for p in parts]
+    data, n_stream, index, first = _one_stream(ranges[0][0])
     heads = _Layout.of(data, first).heads
     layouts: dict[tuple[int, int], _Layout] = {}  # by (stream, cells): a part's may be any stream
     positions, entries = [], []
-    for part in parts:
+    for part, lo, hi in ranges:
         body = np.frombuffer(part, dtype=np.uint8)
         if len(body) < 12 + 4 * n_stream:
             raise ValueError("truncated state")
@@ -294,21 +300,24 @@ def join(parts: list[bytes | bytearray | memoryview], into: bytearray | None = N
             if stream_count != n_stream or layout.heads != heads:
                 raise ValueError("states of different layouts")
             layouts[(i, len(stream.positions))] = layout
-        positions.append(layout.cells(body))
-        entries.append((layout, body))
+        hi = layout.count if hi is None else hi
+        if not 0 <= lo < hi <= layout.count:
+            raise ValueError(f"cells {lo}..{hi} of a state of {layout.count}")
+        positions.append(layout.cells(body)[lo:hi])
+        entries.append((layout, body, lo, hi))
     cells = np.concatenate(positions).astype(np.int64)
     if len(cells) > 1 and not bool(np.all(cells[1:] > cells[:-1])):
         raise ValueError("positions not ascending")
     if into is not None and any(np.may_share_memory(np.frombuffer(into, np.uint8), np.frombuffer(p, np.uint8))
-                                for p in parts):
+                                for p, _, _ in ranges):
         into = None
     out, k, v = _frame(bytes(data[:8]), n_stream, index, first.seq, cells, first, into)
     k_to, v_to, v_axis = _stacked(k), _stacked(v), 1 if first.v_trans else 0
     at = 0
-    for layout, body in entries:
-        _copy_cells(k_to, layout.rows(body, layout.k), at, 0, layout.count, 0)
-        _copy_cells(v_to, layout.rows(body, layout.v), at, 0, layout.count, v_axis)
-        at += layout.count
+    for layout, body, lo, hi in entries:
+        _copy_cells(k_to, layout.rows(body, layout.k), at, lo, hi, 0)
+        _copy_cells(v_to, layout.rows(body, layout.v), at, lo, hi, v_axis)
+        at += hi - lo
     return out
 
 
@@ -342,12 +351,17 @@ class _Layout:
 
         count = len(stream.positions)
         meta_at = at(stream.positions) if count else 0
-        head = np.ones(len(base), dtype=bool)
-        head[4:8] = False  # the sequence id the part was exported from
-        head[meta_at : meta_at + 12 * count] = False
-        for _, rows in stream.k + stream.v:
-            head[at(rows) : at(rows) + rows.nbytes] = False
-        index = np.nonzero(head)[0]
+        # everything but the sequence id the part was exported from, the cells and the rows:
+        # spans between those (a state is ~50 MB, its headers a few hundred bytes)
+        skip = sorted([(4, 8), (meta_at, meta_at + 12 * count)] +
+                      [(at(rows), at(rows) + rows.nbytes) for _, rows in stream.k + stream.v])
+        spans, start = [], 0
+        for a, b in skip:
+            if a > start:
+                spans.append(np.arange(start, a))
+            start = max(start, b)
+        spans.append(np.arange(start, len(base)))
+        index = np.concatenate(spans)
         heads = (tuple(h for h, _ in stream.k), tuple(h for h, _ in stream.v), stream.v_trans)
         return _Layout(len(base), meta_at, count, where(stream.k), where(stream.v), index, base[index].copy(), heads)
 
