@@ -70,7 +70,7 @@ class DictKv:
     def can_resume(self, seq: int, pos: int) -> bool:
         return True
 
-    def export_seq(self, seq: int) -> None:
+    def export_seq(self, seq: int, start: int = 0) -> None:
         return None
 
     def import_seq(self, seq: int, state: bytes | bytearray) -> bool:

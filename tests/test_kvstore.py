@@ -236,7 +236,8 @@ class StateKv:
     def can_resume(self, seq, pos):
         return True
 
-    def export_seq(self, seq):
+    def export_seq(self, seq, start=0):
+        assert not start  # its states are kept whole: the store holds no pages of them
         self.exports.append(seq)
         return bytearray(b"%d" % self.held.get(seq, 0))
 
@@ -520,9 +521,9 @@ def test_the_slot_cache_restores_pages_of_another_conversations_prefix():
     class RowsKv(StateKv):
         """StateKv whose states are rows (one per position held) that the store cuts into pages."""
 
-        def export_seq(self, seq):
-            self.exports.append(seq)
-            return rows_for(list(range(self.held.get(seq, 0))))
+        def export_seq(self, seq, start=0):
+            self.exports.append((seq, start))
+            return rows_for(list(range(start, self.held.get(seq, 0))))
 
         def import_seq(self, seq, state):
             self.held[seq] = len(state) // 8
@@ -539,7 +540,10 @@ def test_the_slot_cache_restores_pages_of_another_conversations_prefix():
     run_turn(cache, a)
     assert run_turn(cache, b) == len(SYSTEM)  # from the slot; a (keeping less than half) to the store
     run_turn(cache, tokens(40, start=9000))  # b to the store: only its own pages are new
-    assert kv.exports == [0, 0] and kv.imports == []
+    assert kv.exports == [(0, 0), (0, 3 * BLOCK)] and kv.imports == []  # b's from its own pages on
     assert cache.store.ram.pages() == 9 + 9 - 3
     assert run_turn(cache, a + [1]) == len(a) and run_turn(cache, b + [1]) == len(b)
     assert kv.imports == [(0, len(a)), (0, len(b))]
+    # a came back and lost the slot again: exported from its first page the store lacks (the
+    # block its tail page held), not whole
+    assert kv.exports[-1] == (0, len(a) // BLOCK * BLOCK)

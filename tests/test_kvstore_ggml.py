@@ -30,7 +30,7 @@ import runner
 from runner import config
 from runner.api import Message, Options
 from runner.engines.ggml.engine import GGMLEngine
-from runner.kvcache import WrapperCache, snapshot
+from runner.kvcache import NotSupported, WrapperCache, snapshot
 from runner.kvstore.key import Fingerprint
 from runner.kvstore.ram import RamStore
 from runner.kvstore.store import PromptStore
@@ -208,6 +208,11 @@ def test_a_state_cut_into_pages_joins_back_to_its_bytes(engine):
     assert kv.split_state(snapshot.pack([state]), page_bounds(n)) is None  # a wrapper's: kept whole
     with pytest.raises(ValueError):
         kv.join_states([parts[1], parts[0]])  # positions must ascend
+    # the prompt store's new pages of a conversation it holds the start of: exported from there,
+    # the same bytes a cut of the whole state gives, in a buffer of their own
+    tail = kv.export_seq(1, 32)
+    assert tail == kv.split_state(state, [0, 32, n], {0})[1] and len(tail) < len(state) // 2
+    assert kv.join_states([parts[0], parts[1], (tail, 0, n - 32)]) == state
 
 
 def test_a_shared_prefix_s_pages_serve_another_conversation(engine):
@@ -342,6 +347,8 @@ def test_a_sliding_window_state_resumes_bit_for_bit(gemma):
     assert local[1] != sorted(local[1])  # its cells wrapped around: not in position order
     state = kv.export_seq(0)
     assert kv.split_state(state, [*range(0, n, 16), n]) is None  # a window is kept whole, not as pages
+    with pytest.raises(NotSupported):
+        kv.export_seq(0, 16)  # nor exported in part
     live, live_tokens, live_rows = continues(gemma, 0, n)
 
     empty(gemma, 0)

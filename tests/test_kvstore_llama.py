@@ -155,6 +155,9 @@ def test_a_state_cut_into_pages_joins_back_to_its_bytes(paged):
     assert kv.split_state(b"not a state", page_bounds(n)) is None
     with pytest.raises(ValueError):
         kv.join_states([parts[1], parts[0]])  # positions must ascend
+    tail = kv.export_seq(1, 32)  # the prompt store's new pages: llama.cpp exports all, cut from 32 on
+    assert tail == kv.split_state(state, [0, 32, n], {0})[1]
+    assert kv.join_states([parts[0], parts[1], (tail, 0, n - 32)]) == state
 
 
 def test_a_shared_prefix_s_pages_serve_another_conversation(paged):

@@ -207,13 +207,15 @@ class Cache(Protocol):
         other's states; "" when this cache cannot export."""
         ...
 
-    def export_seq(self, seq: int) -> bytes | bytearray | memoryview:
+    def export_seq(self, seq: int, start: int = 0) -> bytes | bytearray | memoryview:
         """A host copy of everything ``seq`` holds: per cell its position, per layer the K and V
         rows as stored (the cache's dtype, quantized blocks as they are), in the format of
         :mod:`runner.kvcache.snapshot`. A sequence that holds nothing gives an empty state (which
         imports as an empty sequence). Changes nothing in the cache. The copy is the caller's
         while it holds a reference (a cache may reuse the buffer of an export nothing
-        references any more)."""
+        references any more). ``start`` > 0: only the positions from ``start`` on, in a buffer
+        of their own (the prompt store's new pages); a cache whose state is not one row per
+        position (a sliding window's wrapper) raises :class:`NotSupported`."""
         ...
 
     def import_seq(self, seq: int, data: bytes | bytearray | memoryview) -> bool:

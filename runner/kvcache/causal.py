@@ -350,7 +350,7 @@ class CausalCache:
             layers.append(snapshot.LayerRows(layer, head_dim, kv_heads, v_head_dim, keys.stride(2), v_row))
         return snapshot.Geometry(self.dtype, self.config.permuted_v, tuple(layers))
 
-    def export_seq(self, seq: int) -> bytearray:
+    def export_seq(self, seq: int, start: int = 0) -> bytearray | memoryview:
         """See ``Cache.export_seq``: the rows are read run by run of consecutive cells (permuted
         V: the cells' columns of every element row, where the storage lies)."""
         table = self._table()
@@ -358,14 +358,18 @@ class CausalCache:
         positions = np.asarray(table.seq_positions(seq), dtype=np.int64)
         order = np.argsort(positions, kind="stable")
         cells, positions = cells[order], positions[order]
+        if start:
+            keep = positions >= start
+            cells, positions = cells[keep], positions[keep]
         geometry = self.geometry()
         # the last export's buffer when nothing references it any more (the store kept its
         # pages, as copies; a caller that holds it keeps it): first-touch page faults of a new
-        # 50 MB buffer cost more than filling it
+        # 50 MB buffer cost more than filling it. A part from ``start`` on gets its own: the
+        # store keeps it as it is
         size = snapshot.size(geometry, len(cells))
-        if len(self._exported) < size or sys.getrefcount(self._exported) > 2:
+        if not start and (len(self._exported) < size or sys.getrefcount(self._exported) > 2):
             self._exported = bytearray(size + size // 8)  # room to grow by a turn or two
-        out = snapshot.Writer(geometry, positions, cells, self._exported)
+        out = snapshot.Writer(geometry, positions, cells, None if start else self._exported)
         for i, rows in enumerate(geometry.layers):
             keys, values = self._keys[rows.layer], self._values[rows.layer]
             _read_rows(keys, cells, out.k_rows(i))

@@ -15,7 +15,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from . import snapshot
-from .cache import Batch, Cache, CacheConfig, KvCacheError, LayerShape
+from .cache import Batch, Cache, CacheConfig, KvCacheError, LayerShape, NotSupported
 
 __all__ = ["WrapperCache"]
 
@@ -149,12 +149,14 @@ class WrapperCache:
         layouts = [c.state_layout for c in self.caches]
         return "" if not all(layouts) else "wrapper[" + "; ".join(layouts) + "]"
 
-    def export_seq(self, seq: int) -> bytearray | memoryview:
+    def export_seq(self, seq: int, start: int = 0) -> bytearray | memoryview:
         """Every wrapped cache's state of ``seq``, packed in order (:func:`snapshot.pack`): a
         sliding-window cache's holds only the window it kept. Packed into the buffer of the
         last whole state imported, when nothing holds it any more (the prompt store keeps a
         wrapper's states whole, so an export's own buffer stays the store's): a new 20 MB buffer
-        costs thousands of first-touch page faults."""
+        costs thousands of first-touch page faults. Whole only (``start`` 0)."""
+        if start:
+            raise NotSupported("a sliding-window state is exported whole")
         states = [c.export_seq(seq) for c in self.caches]
         spare, self._spare = self._spare, None
         if spare is not None and sys.getrefcount(spare) > 2:

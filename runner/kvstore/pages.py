@@ -91,8 +91,14 @@ def cut_group(pager: Pager, state: bytes | bytearray, bounds: list[int], first: 
                               {0} if first else ())
     if parts is None or parts[-1] is None:
         return None
+    return spans_of(pager, parts[-1], bounds, first)
+
+
+def spans_of(pager: Pager, state: bytes | bytearray, bounds: list[int], first: int) -> list[Span]:
+    """Pages ``first..`` as spans of ``state``, the state of positions ``[bounds[first],
+    bounds[-1])`` (cut, or exported so: :meth:`runner.loop.slots.KvOps.export_seq` from a start)."""
     start = bounds[first]
-    group = Group(parts[-1], bounds[-1] - start, len(parts[-1]), pager.page_state)
+    group = Group(state, bounds[-1] - start, len(state), pager.page_state)
     return [Span(group, a - start, b - start) for a, b in zip(bounds[first:], bounds[first + 1 :])]
 
 

@@ -44,13 +44,15 @@ class KvOps(Protocol):
     def can_resume(self, seq: int, pos: int) -> bool:
         """Whether the sequence can continue at ``pos`` with its cached prefix (SWA may say no)."""
 
-    def export_seq(self, seq: int) -> bytes | bytearray | memoryview | None:
+    def export_seq(self, seq: int, start: int = 0) -> bytes | bytearray | memoryview | None:
         """A host copy of everything ``seq`` holds (positions 0..n-1), for :meth:`import_seq`
         into a sequence of this same load (the prompt store's fingerprint keeps it there). Opaque
         to the caller, which owns it while it holds a reference and counts ``len`` bytes for it
         (an engine may reuse the buffer of an export nothing references any more); None when
-        the engine cannot export (the caller then keeps nothing). It may run on another thread
-        beside :meth:`join_states`, never beside anything else of this object."""
+        the engine cannot export (the caller then keeps nothing). ``start`` > 0: the state of
+        positions ``start..n-1`` only, as :meth:`split_state` would cut it (only for a state it
+        cuts: the prompt store holds the pages before), in a buffer of its own size. It may run
+        on another thread beside :meth:`join_states`, never beside anything else of this object."""
 
     def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
         """Make ``seq`` hold what :meth:`export_seq` exported, positions included, so decoding
@@ -271,14 +273,26 @@ class InputCache:
             self._save(slot)
 
     # ------------------------------------------------------------------------- prompt store
-    def _save(self, slot: Slot, exported: Future | None = None) -> None:
+    def _save(self, slot: Slot, exported: tuple[Future, int] | None = None) -> None:
         """Put what ``slot`` holds in the store before it is lost (unless stored already);
-        ``exported``: its export, begun already."""
+        ``exported``: its export, begun already (:meth:`_export`)."""
         if self.store is None or not self.store.wants(slot.inputs):
             return
-        state = exported.result() if exported is not None else self.kv.export_seq(slot.id)
-        if state is not None and self.store.save(slot.inputs, state):
-            log.debug("prompt cache: saved slot %d (%d inputs, %d bytes)", slot.id, len(slot.inputs), len(state))
+        if exported is None:
+            start = self.store.new_from(slot.inputs)
+            state = self.kv.export_seq(slot.id, start)
+        else:
+            state, start = exported[0].result(), exported[1]
+        if state is not None and self.store.save(slot.inputs, state, start):
+            log.debug("prompt cache: saved slot %d (%d inputs from %d, %d bytes)", slot.id, len(slot.inputs), start,
+                      len(state))
+
+    def _export(self, slot: Slot) -> tuple[Future, int]:
+        """Begin exporting what ``slot`` holds on the export thread, from where the store lacks
+        its pages (a conversation that came back from the store: its new pages only)."""
+        assert self.store is not None and self._exporter is not None
+        start = self.store.new_from(slot.inputs)
+        return self._exporter.submit(self.kv.export_seq, slot.id, start), start
 
     def _restore(self, slot: Slot, prompt: list[Input], num_past: int) -> tuple[int, str]:
         """How much of ``prompt`` ``slot`` holds once the store had its say, and where it came
@@ -290,13 +304,12 @@ class InputCache:
         stay (other conversations share them), and that save adds only the slot's new ones."""
         assert self.store is not None and self._exporter is not None
         losing = num_past < len(slot.inputs) / 2  # another conversation takes the slot: save it
-        exported = self._exporter.submit(self.kv.export_seq, slot.id) \
-            if losing and self.store.wants(slot.inputs) else None  # while the lookup joins pages
+        exported = self._export(slot) if losing and self.store.wants(slot.inputs) else None  # beside the lookup
         try:
             found = self.store.lookup(prompt)
         finally:
             if exported is not None:
-                wait([exported])  # nothing touches the slot's cells while they are read
+                wait([exported[0]])  # nothing touches the slot's cells while they are read
         # worth a restore only for a block or more beyond what the slot holds: a prompt sharing a
         # word or two with a stored conversation evaluates them in a blink, and the state stays
         # stored (a restore takes it out of RAM) for the conversation it belongs to

@@ -53,8 +53,8 @@ class CacheKv:
     def can_resume(self, seq: int, pos: int) -> bool:
         return self.cache.can_resume(seq, pos)
 
-    def export_seq(self, seq: int) -> bytes | bytearray | None:
-        return self.cache.export_seq(seq) if self.state_layout else None
+    def export_seq(self, seq: int, start: int = 0) -> bytes | bytearray | None:
+        return self.cache.export_seq(seq, start) if self.state_layout else None
 
     def import_seq(self, seq: int, state: bytes | bytearray) -> bool:
         if not self.state_layout:

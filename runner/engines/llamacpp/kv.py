@@ -119,7 +119,13 @@ class LlamaKv:
         oldest = self.oldest(seq)
         return 0 <= oldest <= max(0, pos - self.window)
 
-    def export_seq(self, seq: int) -> bytearray | memoryview | None:
+    def export_seq(self, seq: int, start: int = 0) -> bytearray | memoryview | None:
+        state = self._export(seq)
+        if state is None or not start:
+            return state
+        return kvstate.tail(state, start)  # llama.cpp exports a sequence whole: cut what was asked
+
+    def _export(self, seq: int) -> bytearray | memoryview | None:
         size = L.llama_state_seq_get_size(self.ctx, seq)
         if size <= 0:
             return None

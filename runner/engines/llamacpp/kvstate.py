@@ -262,6 +262,19 @@ def split(state: bytes | bytearray | memoryview, bounds: list[int],
     return parts
 
 
+def tail(state: bytes | bytearray | memoryview, start: int) -> bytearray | None:
+    """The state of positions ``start..n-1`` of ``state``, which holds ``0..n-1`` as :func:`split`
+    takes it (a new buffer); None for any other state, or ``start`` not inside it."""
+    try:
+        n = len(_one_stream(state)[3].positions)
+    except (ValueError, struct.error):
+        return None
+    if not 0 < start < n:
+        return None
+    parts = split(state, [0, start, n], held={0})
+    return None if parts is None else parts[1]
+
+
 def join(parts: Sequence[bytes | bytearray | memoryview | tuple[bytes | bytearray | memoryview, int, int]],
          into: bytearray | None = None) -> bytearray | memoryview:
     """One state of all the cells ``parts`` hold, in order (what :func:`split` cut, joined back:
