@@ -13,7 +13,9 @@ element's values, position after position, so a join copies one run per group wh
 pages cost one run per page: a 2,300-token SmolLM2 state is 144 pages, and their V runs of 32
 bytes made the join three times slower than the import it feeds. A returning conversation is the
 one or two groups its saves cut; one whole group (positions ``0..n-1``: the first save of a
-conversation) is imported as it is, without a join. A group stays in memory while any of its
+conversation) is imported as it is, without a join. When the store holds every page of a slot's
+state up to some page (the conversation came back from it), the slot is exported from there on
+only (:meth:`runner.loop.slots.KvOps.export_seq`'s ``start``): that export is the new group. A group stays in memory while any of its
 pages is held (:mod:`.ram` counts it whole till then): a system prompt that later conversations
 share keeps the save of the first one that cut it, as llama-server's ``--cache-ram`` keeps every
 state whole. The disk tier writes a file per page (:meth:`Span.page_state` cuts it on the
