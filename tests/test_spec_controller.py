@@ -70,6 +70,18 @@ def test_acceptance_learns_and_drifts_back():
     assert a.alpha < later < C.PRIOR and later == pytest.approx(C.PRIOR, abs=0.01)
 
 
+def test_drafts_that_keep_succeeding_are_not_drift():
+    """The tokens a draft yields are no time without drafts: a sequence whose drafts are all
+    right learns it, and drafts as deep as that pays (it stayed at ~0.96 when they drifted)."""
+    a, n = Acceptance(), 0
+    for _ in range(6):
+        a.record(n, 16, 16)
+        n += 17  # 16 accepted and the target's own token
+    assert a.now(n) > 0.99
+    assert best_depth(a.now(n), 32, StepCost.of("gemma3")) == 32
+    assert a.now(n + 200) == pytest.approx(C.PRIOR, abs=0.02)  # 200 tokens without drafts: back
+
+
 def test_drafts_that_keep_failing_pause_the_sequence():
     a = Acceptance()
     for k in range(C.MAX_FAILS):
