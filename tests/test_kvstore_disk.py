@@ -33,29 +33,34 @@ def state_for(inputs: list[int]) -> bytes:
 
 
 class Rows:
-    """A pager over :func:`rows_for`'s states: 8 bytes a position, cut and joined at any one."""
+    """A pager over :func:`rows_for`'s states: ``width`` bytes a position, cut and joined at any one."""
+
+    def __init__(self, width: int = 8) -> None:
+        self.w = width
 
     def split_state(self, state, bounds, held=()):
-        if len(state) != bounds[-1] * 8:
+        w = self.w
+        if len(state) != bounds[-1] * w:
             return None
-        return [None if i in held else state[a * 8 : b * 8] for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        return [None if i in held else state[a * w : b * w] for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
 
     def join_states(self, parts):
-        return b"".join(p[0][p[1] * 8 : p[2] * 8] if isinstance(p, tuple) else p for p in parts)
+        w = self.w
+        return b"".join(p[0][p[1] * w : p[2] * w] if isinstance(p, tuple) else p for p in parts)
 
     def page_state(self, state, lo, hi):
-        return bytes(state[lo * 8 : hi * 8])
+        return bytes(state[lo * self.w : hi * self.w])
 
 
-def rows_for(inputs: list[int]) -> bytes:
+def rows_for(inputs: list[int], width: int = 8) -> bytes:
     """A stand-in engine state the store pages: one row naming its input per position."""
-    return b"".join(t.to_bytes(8, "little") for t in inputs)
+    return b"".join(t.to_bytes(8, "little") * (width // 8) for t in inputs)
 
 
 def store_on(folder: Path, disk_mib: float = 64, ram: int = 0, fp: Fingerprint = FP,
-             paged: bool = False) -> PromptStore:
+             paged: bool = False, width: int = 8) -> PromptStore:
     return PromptStore(fp, Tiers(RamStore(ram), DiskStore(folder, int(disk_mib * 2**20), 16)),
-                       pager=Rows() if paged else None)
+                       pager=Rows(width) if paged else None)
 
 
 def files(folder: Path, suffix: str = SUFFIX) -> list[Path]:
@@ -333,3 +338,28 @@ def test_the_disk_bound_holds_for_pages(tmp_path):
         assert s.lookup(conv).n == len(conv)  # the newest is whole
     assert s.lookup(SYSTEM + tokens(60, 10_000)).n == len(SYSTEM)  # the oldest kept only the shared start
     assert len(files(tmp_path)) == len(s.tiers.disk)  # no file the index lost
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_folder_stays_within_the_bound_while_a_save_is_written(tmp_path, monkeypatch, paged):
+    # states large against the index's overhead, as a real model's are (SmolLM2: ~22 KiB a
+    # position), so a full index is a full folder: a file written before the index evicts for it
+    # would go past the bound until the save is indexed (a server's /api/ps could see it)
+    limit = 2**20
+    seen: list[int] = []
+    write_file = DiskStore._write_file
+
+    def checked(self, name, header, state):  # the folder the moment each file lands, before it is indexed
+        write_file(self, name, header, state)
+        seen.append(sum(p.stat().st_size for p in (tmp_path / "kv").iterdir() if not p.name.startswith(".")))
+
+    monkeypatch.setattr(DiskStore, "_write_file", checked)
+    width = 1024
+    s = store_on(tmp_path, disk_mib=limit / 2**20, paged=paged, width=width)
+    for k in range(30):
+        conv = tokens(60 + 17 * (k % 5), 10_000 * k)  # 60-128 KiB each: ~10 fit
+        assert s.save(conv, rows_for(conv, width) if paged else state_for(conv) * (width // 32))
+        assert s.flush(10)
+        assert s.lookup(conv).n == len(conv)
+    assert 0.9 * limit < max(seen) <= limit  # full, never over, not even for a moment
+    assert len(files(tmp_path, PAGE_SUFFIX if paged else SUFFIX)) == len(s.tiers.disk)

@@ -314,6 +314,7 @@ class DiskStore:
         if self._index.get(entry.key) is not None:
             return True
         self._wait_calm(calm)
+        self._index.reserve(chain_, entry.nbytes)
         self._write_file(entry.state, header, state)
         with self._lock:
             self._scanned.add(entry.state)
@@ -332,7 +333,7 @@ class DiskStore:
                    for page in chain_.pages()]
         if sum(entry.nbytes for entry in entries) + _pages_size(parts) > self.limit:  # headers aside
             return 0
-        written, items = [], []
+        written, items, cost = [], [], 0
         for entry, part in zip(entries, parts):
             if self._index.page(entry.key) is not None:
                 items.append(None)
@@ -342,7 +343,9 @@ class DiskStore:
             if isinstance(part, Span):  # a page the RAM tier keeps in its group: its own state
                 part = part.page_state()
             header, size = _header(root, entry, len(part), self.block)  # only the pages written
+            cost += entry.nbytes + size  # what the put below counts for the pages written so far
             self._wait_calm(calm)
+            self._index.reserve(chain_, cost)
             self._write_file(entry.state, header, part)
             written.append(entry.state)
             items.append((entry.state, size))

@@ -222,6 +222,20 @@ class RamStore:
         self._report(gone)
         return len(plan)
 
+    def reserve(self, chain: Chain, cost: int) -> None:
+        """Make room for ``cost`` more bytes now, ahead of a put of ``chain`` that will count
+        them, evicting the least recently used entries (``chain``'s held pages are marked used
+        first, so they stay). The disk tier calls it before each file it writes, so the folder
+        never holds more than the bound, not even between a write and its put."""
+        gone: list[Entry] = []
+        with self._lock:
+            for page in reversed(chain.pages()):  # the last page first: parents end up more recent
+                held = self._entries.get((page.key, False))
+                if held is not None:
+                    self._entries.move_to_end(held.ref)
+            gone += self._evict(cost)
+        self._report(gone)
+
     def add(self, entry: Entry) -> bool:
         """Index ``entry`` (a disk scan's, oldest first) as the most recently used, evicting to
         stay within the bound; False when it alone exceeds the bound or is held already."""
