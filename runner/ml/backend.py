@@ -39,9 +39,11 @@ class BackendOptions:
     - ``max_graph_nodes``: capacity of one compute graph;
     - ``batch_invariant``: compute each row of a batch as it would be computed alone, whatever
       else the batch holds (GGML's reference kernels: flash attention neither split across
-      threads for one row nor tiled for many, no fused ops), so drafted rows verified in a batch
-      give the answer decoding alone gives (``POLLAMA_BATCH_INVARIANT``). Slower: a decode at
-      2,000 cells ~8%, a prompt ~30% (2 threads).
+      threads for one row nor tiled for many, no fused ops; matrix products by one-row dot
+      products for every row count: no llamafile tiles, no repacked weights), so drafted rows
+      verified in a batch give the answer decoding alone gives (``POLLAMA_BATCH_INVARIANT``;
+      with flash attention, and for a sliding window only within it). Slower: a decode at
+      2,000 cells ~8%, a prompt ~30% (2 threads), more where the tiles took most weights.
     """
 
     num_threads: int | None = None

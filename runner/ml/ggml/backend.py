@@ -238,6 +238,9 @@ class GGMLTensor:
         if a_ne[0] != b_ne[0] or b_ne[2] % a_ne[2] or b_ne[3] % a_ne[3]:
             raise ValueError(f"mulmat: {list(a_ne)} x {list(b_ne)} (ne0 must match, ne2/ne3 broadcast)")
         c = self._graph(b)
+        kind = _TILED.get(self.type_id) if c.backend.options.batch_invariant else None
+        if kind is not None and a_ne[2:] == (1, 1) and b.type_id == g.GGML_TYPE.F32:
+            return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, _rows_apart(c, b, kind)), c)
         return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, b.ptr), c)
 
     def mulmat_f32(self, b: GGMLTensor) -> GGMLTensor:
@@ -597,6 +600,30 @@ class Storage:
             self._closed = True
             g.ggml_backend_buffer_free(self.buffer)
             g.ggml_free(self.ctx_ptr)
+
+
+# ------------------------------------------------------------------------ batch-invariant products
+# Weight types GGML's CPU backend multiplies by llamafile's tiles (tinyBLAS) when the right
+# operand has 2 rows or more and is contiguous, and by its one-row dot products otherwise; each
+# sums in its own order, so a row's result depends on how many rows came with it. The value:
+# the type the dot products take the right operand in (GGML's ``vec_dot_type``).
+_TILED = {g.GGML_TYPE.F32: g.GGML_TYPE.F32, g.GGML_TYPE.F16: g.GGML_TYPE.F16, g.GGML_TYPE.BF16: g.GGML_TYPE.BF16,
+          g.GGML_TYPE.Q8_0: g.GGML_TYPE.Q8_0, g.GGML_TYPE.Q4_0: g.GGML_TYPE.Q8_0, g.GGML_TYPE.Q5_0: g.GGML_TYPE.Q8_0,
+          g.GGML_TYPE.IQ4_NL: g.GGML_TYPE.Q8_0}
+_ROW_GAP = 32  # elements (one block of any type) left between rows so that they are not contiguous
+
+
+def _rows_apart(c: GraphContext, b: GGMLTensor, kind: int) -> GGMLTensor:
+    """``b`` ``[k, n, ...]`` as rows of ``kind`` (the dot products' type) that do not touch: GGML
+    then takes every row to its one-row dot products, whatever ``n``, as it takes a row alone.
+    The numbers are a lone row's: ``b`` is converted as the product would convert it."""
+    k = b.ne[0]
+    rows = g.ggml_pad(c.ptr, b.ptr, _ROW_GAP, 0, 0, 0)  # [k + gap, n, ...] f32
+    if kind != b.type_id:
+        rows = g.ggml_cast(c.ptr, rows, kind)
+    row = g.ggml_row_size(kind, k + _ROW_GAP)
+    ne1, ne2, ne3 = b.ne[1:]
+    return g.ggml_view_4d(c.ptr, rows, k, ne1, ne2, ne3, row, row * ne1, row * ne1 * ne2, 0)
 
 
 # --------------------------------------------------------------------------------------- repack

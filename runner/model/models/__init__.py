@@ -64,7 +64,8 @@ def load(path: str | os.PathLike[str], options: BackendOptions | None = None) ->
         )
     weights = gguf.load_weights()
     try:
-        weights.repack_matrices()  # llama.cpp's layout for the fast CPU kernels (and its numbers)
+        if not (options and options.batch_invariant):  # repacked kernels take rows 4 at a time
+            weights.repack_matrices()  # llama.cpp's layout for the fast CPU kernels (and its numbers)
     except MemoryError as e:
         weights.close()
         gguf.close()
