@@ -44,6 +44,18 @@ def test_step_cost_interpolates_and_extends():
         StepCost(((2, 1.0), (4, 2.0)))
 
 
+def test_rows_past_a_multiple_of_four_cost_their_leftover():
+    """Where weights are repacked or tiled, rows past a multiple of 4 cost another pass: the
+    cheap drafts are 4k - 1 tokens deep, and a guess is cut back to one when that pays."""
+    cost = StepCost(((1, 1.0), (4, 2.5), (8, 3.5), (16, 5.0)), (0.0, 1.0, 1.4, 1.8))
+    assert [cost(r) for r in (3, 4, 5, 7, 8, 12, 13, 16, 17)] == [2.0, 2.5, 3.5, 4.3, 3.5, 4.25, 5.25, 5.0, 6.0]
+    assert best_depth(0.999, 16, cost) == 15  # 16 rows, not 17
+    assert best_depth(0.999, 14, cost) == 11  # a 14-token guess: 12 rows beat 15
+    assert StepCost.of("gemma3")(33) > StepCost.of("gemma3")(32) + 1
+    with pytest.raises(ValueError):
+        StepCost(((1, 1.0), (4, 2.0)), (0.0, 1.0))
+
+
 def test_expected_tokens():
     assert expected_tokens(1.0, 5) == 6
     assert expected_tokens(0.0, 5) == 1
@@ -78,7 +90,7 @@ def test_drafts_that_keep_succeeding_are_not_drift():
         a.record(n, 16, 16)
         n += 17  # 16 accepted and the target's own token
     assert a.now(n) > 0.99
-    assert best_depth(a.now(n), 32, StepCost.of("gemma3")) == 32
+    assert best_depth(a.now(n), 32, StepCost.of("gemma3")) == 31  # 32 rows: 33 cost a pass more
     assert a.now(n + 200) == pytest.approx(C.PRIOR, abs=0.02)  # 200 tokens without drafts: back
 
 

@@ -3,7 +3,8 @@ its rows cost, per sequence, and drafts only when that beats not drafting.
 
 A decode step of ``1 + k`` rows (the sampled token and ``k`` drafted ones) costs more than one of
 a single row: on GGML's CPU kernels 2 rows cost 2.2x one, 8 rows 4.5x, 16 rows 7.1x (SmolLM2;
-gemma-3-270m is cheaper per row, issue 26 notes §D). If each drafted token is right with
+gemma-3-270m is cheaper per row, issue 26 notes §D, but its rows past a multiple of 4 cost another
+pass over the weights, so its drafts are 4k - 1 tokens deep). If each drafted token is right with
 probability ``a`` given that the ones before it were (the sequence's *acceptance*), the step
 yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k`` pays when that sum over
 ``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: with ``a`` = 0.9 about 8 tokens
@@ -44,12 +45,23 @@ from .pool import NgramPool
 #: :data:`ROW_COSTS` does not name
 ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5), (16, 7.1), (32, 12.0),
                                            (64, 22.0))
+#: GGML's CPU kernels multiply repacked weights (Q4_0, Q4_K, IQ4_NL) 4 rows at a time, with
+#: another pass over the matrix for the rows left over, and llamafile's tiles (Q8_0, Q5_0, ...)
+#: take narrower, slower tiles for them: where a model's weights are mostly of those types, a
+#: step of 4k + j rows costs its table's 4k rows plus a leftover cost of j rows (:data:`ROW_COSTS`).
+#: Measured (2 cores, new engine, after a 400-token prompt, medians of 8): gemma-3-270m Q4_K_M 12
+#: rows 4.09x one, 13 5.21x, 14 5.58x, 15 5.97x, 16 4.56x, and 5 to 7 rows dearer than 8; so its
+#: cheap drafts are 4k - 1 tokens, 31 rather than 32 (33 rows cost ~30% more than 32). SmolLM2's
+#: Q4_1 rows cost about the line (12 rows 4.75x, 13 5.12x, 14 5.39x, 15 5.68x, 16 5.69x)
+ROW_GROUP = 4
 #: the tables of architectures whose rows cost measurably less (2 cores, llama.cpp through the old
-#: engine, after a 200-token prompt; bench/README.md): gemma-3-270m Q4_K_M measured to 32 rows.
+#: engine, after a 200-token prompt; bench/README.md): gemma-3-270m Q4_K_M measured to 32 rows,
+#: with the leftover costs of 1, 2 and 3 rows past a multiple of :data:`ROW_GROUP` (above).
 #: A fixed table per architecture, not one measured at load: the depth, and with it which rows are
 #: computed in one batch, must follow from the tokens alone (see above)
-ROW_COSTS: dict[str, tuple[tuple[int, float], ...]] = {
-    "gemma3": ((1, 1.0), (2, 2.07), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
+ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...]]] = {
+    "gemma3": (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
+               (0.0, 1.05, 1.45, 1.85)),
 }
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
 #: room for ``1 + MAX_DRAFT`` output rows per sequence)
@@ -71,19 +83,31 @@ MAX_PAUSE = 1024
 
 class StepCost:
     """The cost of a decode step by rows, relative to one row: piecewise linear through a table
-    of (rows, cost), extended along its last piece."""
+    of (rows, cost), extended along its last piece; with ``leftover``, only at multiples of
+    :data:`ROW_GROUP` rows (and below one), the rows past the last multiple adding
+    ``leftover[rows % ROW_GROUP]``."""
 
     @classmethod
     def of(cls, architecture: str) -> "StepCost":
         """The cost table of models of ``architecture`` (GGUF ``general.architecture``)."""
-        return cls(ROW_COSTS.get(architecture, ROW_COST))
+        table, leftover = ROW_COSTS.get(architecture, (ROW_COST, None))
+        return cls(table, leftover)
 
-    def __init__(self, table: Sequence[tuple[int, float]] = ROW_COST) -> None:
+    def __init__(self, table: Sequence[tuple[int, float]] = ROW_COST,
+                 leftover: Sequence[float] | None = None) -> None:
         self.table = sorted((int(r), float(c)) for r, c in table)
         if len(self.table) < 2 or self.table[0][0] != 1:
             raise ValueError("a cost table needs at least two rows, the first for 1 row")
+        if leftover is not None and (len(leftover) != ROW_GROUP or leftover[0] != 0):
+            raise ValueError(f"leftover costs: {ROW_GROUP} of them, the first 0")
+        self.leftover = None if leftover is None else tuple(float(c) for c in leftover)
 
     def __call__(self, rows: int) -> float:
+        if self.leftover is None or rows < ROW_GROUP:
+            return self._line(rows)
+        return self._line(rows - rows % ROW_GROUP) + self.leftover[rows % ROW_GROUP]
+
+    def _line(self, rows: int) -> float:
         pieces = list(zip(self.table, self.table[1:]))
         (r0, c0), (r1, c1) = next((p for p in pieces if rows <= p[1][0]), pieces[-1])
         return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
