@@ -5,7 +5,7 @@ engines, beside llama-server's n-gram modes on the same prompts.
         [--pool on] [--invariant on]
 
 Tasks, greedy, ``--tokens`` generated (the issue's):
-  rewrite  a 42-line Python file with one name changed (input-grounded: the answer repeats it)
+  rewrite  a 41-line Python file (bench/data/account.py.txt) with one name changed (input-grounded: the answer repeats it)
   quote    answer a question by quoting a document (input-grounded)
   story    an open-ended story (nothing to look up)
 
@@ -46,48 +46,7 @@ from runner.api import Options, Request  # noqa: E402
 
 import bench_decode  # noqa: E402
 
-CODE = '''class Account:
-    def __init__(self, owner, balance=0):
-        self.owner = owner
-        self.balance = balance
-        self.history = []
-
-    def deposit(self, amount):
-        if amount <= 0:
-            raise ValueError("amount must be positive")
-        self.balance += amount
-        self.history.append(("deposit", amount))
-        return self.balance
-
-    def withdraw(self, amount):
-        if amount > self.balance:
-            raise ValueError("insufficient funds")
-        self.balance -= amount
-        self.history.append(("withdraw", amount))
-        return self.balance
-
-    def transfer(self, other, amount):
-        self.withdraw(amount)
-        other.deposit(amount)
-
-    def statement(self):
-        lines = [f"{self.owner}: {self.balance}"]
-        for kind, amount in self.history:
-            lines.append(f"  {kind} {amount}")
-        return "\\n".join(lines)
-
-
-def open_account(owner, balance=0):
-    return Account(owner, balance)
-
-
-def total(accounts):
-    return sum(a.balance for a in accounts)
-
-
-def richest(accounts):
-    return max(accounts, key=lambda a: a.balance)
-'''
+CODE = (HERE / "data" / "account.py.txt").read_text()  # tests/test_spec_models.py reads it too
 
 DOCUMENT = """The town of Millbrook sits where the Arden river bends east toward the sea. It was founded in 1742 by a group of millers who used the fast water to turn their wheels, and for a century the town lived on flour, timber and wool.
 

@@ -699,3 +699,33 @@ def test_can_resume_swa_table_vs_full_table() -> None:
         t.start_forward([6], [0])
     assert full.can_resume(0, 1) and not swa.can_resume(0, 1)
     assert swa.can_resume(0, 7) and full.can_resume(0, 7)
+
+
+def test_in_order_a_window_takes_the_same_cells_one_step_at_a_time_or_in_batches() -> None:
+    """``in_order`` (the batch-invariant mode): a sliding window's only sequence takes the cells
+    after its newest one, round the table, so a position lands in one cell however its tokens
+    were batched (and attention sums the window in one order). Lowest-free would put position
+    9 of one-token steps in a freed low cell, and a batch's in the cells after the window."""
+    def table(in_order: bool = True) -> CellTable:
+        geo = cache_geometry(1, 64, 8, swa_window=4, swa_memory=4)
+        assert geo.size == 12  # memory 4 + batch 8
+        return CellTable(geo.size, swa_window=4, swa_memory=4, in_order=in_order)
+
+    steps, batches = table(), table()
+    for p in range(40):
+        steps.start_forward([p], [0])
+    for p in range(0, 40, 5):  # 5 at a time, as a draft of 4 and its sampled token
+        batches.start_forward(list(range(p, p + 5)), [0] * 5)
+    where = {steps.cell(c).pos: c for c in steps.seq_cells(0)}
+    assert where == {p: p % 12 for p in range(35, 40)}  # round the table
+    assert {batches.cell(c).pos: c for c in batches.seq_cells(0)} == {p: p % 12 for p in range(31, 40)}
+    rejected = table()
+    for p in range(0, 30, 5):
+        rejected.start_forward(list(range(p, p + 5)), [0] * 5)
+        rejected.remove(0, p + 3, None)  # 2 of 4 guesses accepted: their cells freed again
+        rejected.start_forward([p + 3, p + 4], [0, 0])
+    assert {rejected.cell(c).pos: c for c in rejected.seq_cells(0)} == {p: p % 12 for p in range(24, 30)}
+    plain = table(in_order=False)
+    for p in range(10):
+        plain.start_forward([p], [0])
+    assert plain.cell(0).pos == 5  # lowest free: the general rule (Ollama's)

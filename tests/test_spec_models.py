@@ -10,7 +10,8 @@ threads) and for 64 rows or more (tiled), and so do the matrix products of weigh
 by llamafile's tiles from 2 rows on (F32, F16, BF16, Q8_0, Q4_0, Q5_0, IQ4_NL: most of
 gemma-3-270m's), and of repacked ones (Q4_K, 4 rows at a time); with flash attention and within 256
 cells, SmolLM2's Q4_1 rows are bit-identical, and its story is held to byte equality below.
-POLLAMA_BATCH_INVARIANT takes every row to the one-row kernels (tested at the end).
+POLLAMA_BATCH_INVARIANT takes every row to the one-row kernels and lays a sliding window's cells
+round the cache, so a lone row and a batch's meet them in one order (tested at the end).
 
 The other checks are on an input-grounded prompt, a short code file rewritten with one rename, where
 the model's choices are far from ties and the answers held equal token for token on both engines
@@ -45,6 +46,7 @@ FETCH = SHARED / "models" / "fetch-gemma3.sh"
 MODEL_DIR = Path.home() / ".cache" / "pollama-test-models"  # read before tests isolate HOME
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
+BENCH_DATA = Path(__file__).parent.parent / "bench" / "data"
 CODE = "".join(f"def f{i}(x, y):\n    total = x + y * {i}\n    return total\n\n" for i in range(6))
 REWRITE = "Rewrite this code, renaming total to result. Output only the code.\n\n" + CODE
 # CJK, Cyrillic and emoji: SmolLM2 spells most of these characters in several byte tokens, and the
@@ -289,6 +291,8 @@ MILLBROOK = "\n\n".join((
     "last of them became a museum in 1974.",
     "Today Millbrook is known for its autumn fair, its library, which holds the letters of the founding "
     "families, and the walking path that follows the river from the bridge to the old lighthouse at the estuary."))
+ACCOUNT_REWRITE = ("Rewrite this Python code, renaming balance to funds everywhere. Output only the code.\n\n"
+                   "```python\n" + (BENCH_DATA / "account.py.txt").read_text() + "```")  # bench_spec's rewrite
 QUOTE = ("Read the document and answer by quoting it word for word: what does it say about the old stone bridge "
          "and about the railway? Quote both paragraphs exactly.\n\n" + MILLBROOK)
 
@@ -310,26 +314,46 @@ def test_batch_invariant_drafts_keep_the_answer_byte_identical():
         r.close()
 
 
+@pytest.mark.slow
+def test_batch_invariant_drafts_keep_gemma3_s_answer_byte_identical_past_its_window(gemma3_path):
+    """The mode on gemma-3-270m, whose weights GGML multiplies by other kernels for a batch than
+    for a row alone, and whose answer here runs past its 512-position sliding window: the
+    answer with guesses is the one without, byte for byte. bench_spec's rewrite, this one, parted
+    (at character ~1,120) while the window's cells were the lowest free ones."""
+    cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1"}), new_engine=True, flash_attention=True,
+                              cache_dir=fresh_cache_dir())
+    r = runner.load(runner.resolve(str(gemma3_path), cfg), Options().merged({"num_ctx": 2048}), cfg, num_parallel=1)
+    try:
+        plain, _, _ = chat(r, ACCOUNT_REWRITE, 0, num_predict=300)
+        got, final, _ = chat(r, ACCOUNT_REWRITE, 31, num_predict=300)
+        assert got == plain
+        assert final.metrics.draft_n_accepted > 200 and final.metrics.prompt_eval_count + 300 > 600
+    finally:
+        r.close()
+
+
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])
 def test_batch_invariant_rows_equal_rows_decoded_alone(which, request):
     """The mode's contract at the model: 17 tokens verified as one batch give, row by row, the
-    logits of the same tokens decoded one at a time, bit for bit, after a 300-token prompt (flash
-    attention). gemma-3-270m's weights are mostly Q5_0 and Q8_0, which GGML multiplies by
-    llamafile's tiles for 2 rows or more and by one-row dot products for one: without the mode's
-    strided rows, 0 of these 17 rows were equal (logits up to 2.7 apart), with them 17.
-    (gemma3's window layers past 512 positions are not covered: a new position takes the cell an
-    old one left, and attention then sums the window in another order than a batch's.)"""
+    logits of the same tokens decoded one at a time, bit for bit, after a 500-token prompt (flash
+    attention), so across gemma3's 512-position sliding window. gemma-3-270m's weights are mostly
+    Q5_0 and Q8_0, which GGML multiplies by llamafile's tiles for 2 rows or more and by one-row
+    dot products for one: without the mode's strided rows, 0 of 17 rows were equal (after 200
+    tokens; logits up to 2.7 apart). Past the window, a one-token step took the lowest free cell
+    (position 512 in cell 0) and the batch the cells after the window: rows 512-516 differed
+    (up to 1.9) until the mode's table placed cells round the cache."""
     path = SMOLLM2 if which == "smollm2" else request.getfixturevalue("gemma3_path")
     model = load_model(path, BackendOptions(num_threads=2, flash_attention=True, batch_invariant=True))
     try:
         model.init_cache(num_ctx=1024, num_parallel=1, num_batch=512)
         rng = np.random.default_rng(7)
-        prompt = [int(t) for t in rng.integers(100, 20000, 300)]
+        prompt = [int(t) for t in rng.integers(100, 20000, 500)]
         tokens = [int(t) for t in rng.integers(100, 20000, 17)]
         model.compute(Batch.sequence(prompt))
-        alone = [model.compute(Batch.sequence([t], start=300 + i))[0].copy() for i, t in enumerate(tokens)]
-        model.cache.remove(0, 300, None)
-        together = model.compute(Batch.sequence(tokens, start=300, all_logits=True))
+        alone = [model.compute(Batch.sequence([t], start=500 + i))[0].copy() for i, t in enumerate(tokens)]
+        model.cache.remove(0, 0, None)  # the window's early cells are gone: the prompt again
+        model.compute(Batch.sequence(prompt))
+        together = model.compute(Batch.sequence(tokens, start=500, all_logits=True))
         assert [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)] == []
     finally:
         model.close()

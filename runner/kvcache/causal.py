@@ -136,6 +136,7 @@ class CausalCache:
             swa_window=geo.swa_window or 0,
             swa_memory=geo.swa_memory or 0,
             chunk_size=self.chunk_size,
+            in_order=self._config.cells_in_order,
         )
 
     @property

@@ -18,6 +18,13 @@ decoded token) is a handful of vector operations over the cells, not Python loop
 Rules (reference §2.4):
 
 - *find locations*: any free cells, lowest index first, one per batch token; no contiguous block.
+  With ``in_order`` (the batch-invariant mode), a sliding window with finite memory that one
+  sequence holds alone takes the free cells after that sequence's newest cell first, round the
+  table (a ring): with ``size >= memory + max_batch`` a position then lands in the same cell
+  whether its tokens came one at a time or in batches (the cell's last occupant is out of
+  memory by then), so attention, which sums the cells in index order, sums a lone row's window
+  and a batch row's in one order. Lowest-free would put position ``memory + 1`` of one-token
+  steps in cell 0 (freed) and a batch's in the cells after the window.
 - *ranges*: a sequence's range is ``[min, max]`` of the cell indices it uses. A batch attends to
   the union of its sequences' ranges (for a sliding-window cache with finite memory: of the cells
   inside each sequence's window) plus the cells just written, rounded to ``padding``.
@@ -228,6 +235,7 @@ class CellTable:
         swa_window: int = 0,
         swa_memory: int = 0,
         chunk_size: int = 0,
+        in_order: bool = False,
     ) -> None:
         """A table of ``size`` cells (rounded up to ``padding``).
 
@@ -235,7 +243,8 @@ class CellTable:
         ``swa_memory`` > 0 (default: the window) also frees them once they are more than
         ``memory`` positions behind a sequence's oldest batch token. The values are used as
         given: apply :func:`cache_geometry` first (or use :meth:`for_cache`) for Ollama's rules.
-        ``chunk_size`` > 0 is chunked attention (a token sees only its own chunk)."""
+        ``chunk_size`` > 0 is chunked attention (a token sees only its own chunk). ``in_order``:
+        a sliding window's only sequence takes cells round the table (module doc)."""
         if size < 1 or padding < 1 or swa_window < 0 or swa_memory < 0 or chunk_size < 0:
             raise ValueError(
                 f"invalid cell table: size={size} padding={padding} swa_window={swa_window} "
@@ -253,6 +262,7 @@ class CellTable:
                 f"window ({self.swa_window or 'unlimited'})"
             )
         self.chunk_size: int | None = chunk_size or None
+        self.in_order = in_order and self.swa_memory is not None
         self._pos = np.zeros(self.size, dtype=np.int64)
         self._refs = np.zeros(self.size, dtype=np.int32)
         self._member: dict[int, np.ndarray] = {}
@@ -371,6 +381,9 @@ class CellTable:
             free = (self._refs == 0).nonzero()[0]
             if len(free) < n:
                 raise KvCacheFull(f"cache: {self.size} batch: {n}")
+            after = self._ring_start(seq_list)
+            if after is not None:
+                free = np.concatenate((free[free >= after], free[free < after]))
             loc_arr = free[:n]
             self._write(loc_arr, pos_list, seq_list)
             locs = loc_arr.tolist()
@@ -441,7 +454,13 @@ class CellTable:
             if last_cell + 1 < self.size and not refs.item(last_cell + 1):
                 cell = last_cell + 1
         if cell < 0:
-            cell = int(refs.argmin())
+            after = self._ring_start([seq])
+            if after is None:
+                cell = int(refs.argmin())
+            else:
+                free = np.flatnonzero(refs == 0)
+                later = free[free >= after]
+                cell = int(later[0] if len(later) else free[0] if len(free) else 0)
             if refs[cell]:
                 raise KvCacheFull(f"cache: {self.size} batch: 1")
         self._pos[cell] = pos
@@ -591,6 +610,19 @@ class CellTable:
         self._mask_current = False
 
     # ------------------------------------------------------------------------------ internals
+    def _ring_start(self, seqs: Sequence[int]) -> int | None:
+        """With :attr:`in_order`, the cell from which the batch of ``seqs`` takes free cells: the
+        one after its sequence's newest cell, when it is one sequence that holds cells and the
+        only one in the table; else None (the lowest free cells)."""
+        if not self.in_order or len(self._member) != 1:
+            return None
+        seq = seqs[0]
+        m = self._member.get(seq)
+        if m is None or any(s != seq for s in seqs):
+            return None
+        cells = np.flatnonzero(m)
+        return int(cells[np.argmax(self._pos[cells])]) + 1
+
     def _write(self, locs: np.ndarray, positions: list[int], seqs: list[int]) -> None:
         """Record token i at cell ``locs[i]`` (a free cell) for sequence ``seqs[i]``."""
         self._pos[locs] = positions

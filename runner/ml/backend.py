@@ -42,8 +42,9 @@ class BackendOptions:
       threads for one row nor tiled for many, no fused ops; matrix products by one-row dot
       products for every row count: no llamafile tiles, no repacked weights), so drafted rows
       verified in a batch give the answer decoding alone gives (``POLLAMA_BATCH_INVARIANT``;
-      with flash attention, and for a sliding window only within it). Slower: a decode at
-      2,000 cells ~8%, a prompt ~30% (2 threads), more where the tiles took most weights.
+      with flash attention; a sliding window's cells go round the cache,
+      :attr:`CacheConfig.cells_in_order`). Slower: a decode at 2,000 cells ~8%, a prompt ~30%
+      (2 threads), ~50% where the tiles took most weights.
     """
 
     num_threads: int | None = None
@@ -61,11 +62,16 @@ class CacheConfig:
     - ``mask_dtype``: dtype of the mask tensor, ``"f32"`` or ``"f16"`` (flash attention wants f16).
     - ``permuted_v``: store V transposed, ``[n_cells, v_head_dim, kv_heads]``, so the non-FA
       attention matmul needs no ``cont`` of V.
+    - ``cells_in_order``: a sliding window's only sequence takes the free cells after its newest
+      one, round the cache (a ring), not the lowest free ones: each position then lands in the
+      same cell whatever batches brought it, and attention meets the window's cells in the same
+      order for a lone row and a batch's (``BackendOptions.batch_invariant``).
     """
 
     cache_padding: int = 1
     mask_dtype: Literal["f32", "f16"] = "f32"
     permuted_v: bool = False
+    cells_in_order: bool = False
 
     def __post_init__(self) -> None:
         if self.cache_padding < 1:

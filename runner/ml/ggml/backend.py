@@ -742,9 +742,10 @@ class GGMLBackend:
         """Ollama's GGML cache layout: history padded to 256 cells; flash attention wants an
         f16 mask and V stored like K; without it the mask is f32 and V is stored transposed
         (``permuted_v``) so ``V^T softmax(K^T Q)`` needs no copy of V."""
+        in_order = self.options.batch_invariant
         if self.flash_attention:
-            return CacheConfig(cache_padding=256, mask_dtype="f16", permuted_v=False)
-        return CacheConfig(cache_padding=256, mask_dtype="f32", permuted_v=True)
+            return CacheConfig(cache_padding=256, mask_dtype="f16", permuted_v=False, cells_in_order=in_order)
+        return CacheConfig(cache_padding=256, mask_dtype="f32", permuted_v=True, cells_in_order=in_order)
 
     @property
     def compute_buffer_size(self) -> int:
