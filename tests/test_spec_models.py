@@ -297,14 +297,19 @@ QUOTE = ("Read the document and answer by quoting it word for word: what does it
          "and about the railway? Quote both paragraphs exactly.\n\n" + MILLBROOK)
 
 
+def invariant_runner(path: Path):
+    """A runner of the new engine with POLLAMA_BATCH_INVARIANT and flash attention."""
+    cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1"}), new_engine=True, flash_attention=True,
+                              cache_dir=fresh_cache_dir())
+    return runner.load(runner.resolve(str(path), cfg), Options().merged({"num_ctx": 2048}), cfg, num_parallel=1)
+
+
 def test_batch_invariant_drafts_keep_the_answer_byte_identical():
     """POLLAMA_BATCH_INVARIANT on the new engine (GGML's reference kernels: a lone row's flash
     attention not split across threads past 512 cells, no fused ops): a drafted row is computed
     as it would be alone, and the answer with guesses is the one without, byte for byte. Without
     the mode this quote (300 tokens) parted at character 129 when this was written."""
-    cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1"}), new_engine=True, flash_attention=True,
-                              cache_dir=fresh_cache_dir())
-    r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 2048}), cfg, num_parallel=1)
+    r = invariant_runner(SMOLLM2)
     try:
         plain, _, _ = chat(r, QUOTE, 0, num_predict=300)
         got, final, drafts = chat(r, QUOTE, 16, num_predict=300)
@@ -320,9 +325,7 @@ def test_batch_invariant_drafts_keep_gemma3_s_answer_byte_identical_past_its_win
     for a row alone, and whose answer here runs past its 512-position sliding window: the
     answer with guesses is the one without, byte for byte. bench_spec's rewrite, this one, parted
     (at character ~1,120) while the window's cells were the lowest free ones."""
-    cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1"}), new_engine=True, flash_attention=True,
-                              cache_dir=fresh_cache_dir())
-    r = runner.load(runner.resolve(str(gemma3_path), cfg), Options().merged({"num_ctx": 2048}), cfg, num_parallel=1)
+    r = invariant_runner(gemma3_path)
     try:
         plain, _, _ = chat(r, ACCOUNT_REWRITE, 0, num_predict=300)
         got, final, _ = chat(r, ACCOUNT_REWRITE, 31, num_predict=300)
