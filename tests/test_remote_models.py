@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import anthropic
 import httpx
@@ -149,6 +150,7 @@ def test_conversation_turns_stay_on_their_replica(tmp_path_factory, upstream):
         assert r.status_code == 200, r.text
         served: dict[str, set[str]] = {}
         seen: dict[str, int] = {}
+        _busy(seen, upstream, second)  # what their logs held before (the module's other tests)
         for topic in ("cats", "dogs"):
             history = [{"role": "user", "content": f"Tell me about {topic}."}]
             for _ in range(2):
@@ -160,13 +162,18 @@ def test_conversation_turns_stay_on_their_replica(tmp_path_factory, upstream):
 
 
 def _busy(seen: dict[str, int], *servers: ServerProcess) -> set[str]:
-    """The upstreams whose access log grew a chat request since ``seen`` was updated."""
-    out = set()
-    for server in servers:
-        count = server.log().count('"/v1/chat/completions"')
-        if count > seen.get(server.url, 0):
-            out.add(server.url)
-        seen[server.url] = count
+    """The upstreams whose access log grew a chat request since ``seen`` was updated. A server
+    logs a request once it has answered, which may be after our client had the answer: when
+    ``seen`` holds counts, this waits (up to 10 s) for one request more in all."""
+    def counts() -> dict[str, int]:
+        return {server.url: server.log().count('"/v1/chat/completions"') for server in servers}
+
+    now, deadline = counts(), time.monotonic() + 10
+    while seen and sum(now.values()) <= sum(seen.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = counts()
+    out = {url for url, n in now.items() if n > seen.get(url, 0)}
+    seen.update(now)
     return out
 
 
