@@ -162,15 +162,16 @@ def test_pipelined(plain, name, prompt, opts):
 
 def test_no_drafts_beside_another_sequence(plain):
     """This first version drafts only for a sequence alone in the runner; the answers stay the
-    same."""
+    same. (The long one has 2,000 tokens to make, ten times what it had when once, the loop thread
+    holding the GIL, made them all before the short request was in.)"""
     run = Run(SPECS["eager"](), num_parallel=2)
     try:
-        long = run.runner.stream(Request(prompt=CODE, raw=True, options=Options().merged({**GREEDY, "num_predict": 200})))
+        long = run.runner.stream(Request(prompt=CODE, raw=True, options=Options().merged({**GREEDY, "num_predict": 2000})))
         first = next(long)  # the long one is generating
         short = run(UTF8, num_predict=30)
         rest = list(long)
         assert short[2].draft_n == 0 and short[0] == plain(UTF8, num_predict=30)[0]
-        want = plain(CODE, num_predict=200)[0]
+        want = plain(CODE, num_predict=2000)[0]
         assert [view(c) for c in [first] + rest] == want
     finally:
         run.close()
