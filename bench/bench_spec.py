@@ -8,6 +8,8 @@ Tasks, greedy, ``--tokens`` generated (the issue's):
   rewrite  a 41-line Python file (bench/data/account.py.txt) with one name changed (input-grounded: the answer repeats it)
   quote    answer a question by quoting a document (input-grounded)
   story    an open-ended story (nothing to look up)
+  explain  an open-ended explanation (nothing to look up; its phrases recur often enough for short
+           keys to guess, mostly wrongly)
 
 For each model and engine: decode tok/s (``eval_count / eval_duration``) with ``draft_num_predict
 = --depth`` and with 0, their ratio, drafted tokens accepted/proposed, and whether the text is the
@@ -62,6 +64,7 @@ TASKS = {
     "quote": "Read the document and answer by quoting it word for word: what does it say about the old "
              "stone bridge and about the railway? Quote both paragraphs exactly.\n\n" + DOCUMENT,
     "story": "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "explain": "Explain in detail how a bicycle works, part by part.",
 }
 GROUNDED = ("rewrite", "quote")
 

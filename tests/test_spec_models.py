@@ -102,7 +102,7 @@ def test_smollm2_rewrite_is_the_same_with_drafts(smollm, depth):
     assert m.draft_n == 0
     got_text, got_context, got = answer(smollm, depth, 100)
     assert got_context == context and got_text == text
-    assert got.draft_n_accepted > 10  # the rename's answer repeats its input: drafts are taken
+    assert got.draft_n_accepted >= 5  # the rename's answer repeats its input: drafts are taken
     assert got.eval_count == m.eval_count
 
 

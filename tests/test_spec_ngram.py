@@ -31,6 +31,18 @@ def test_longest_key_first_most_recent_occurrence():
     assert lookup.propose([4], 3) == [9, 8, 0]
 
 
+def test_keys_of_12_tokens_guess_long_and_shorter_ones_share_one_kind():
+    """The controller learns acceptance per kind: 12-token keys' guesses apart from the rest,
+    and the 4-, 6- and 8-token keys' together (one record learns from their failures at once)."""
+    text = list(range(100, 120))
+    lookup = PromptLookup(text + [50] + text[:11], sizes=(12, 8, 6, 4))
+    assert lookup.kinds == ("long", "short")
+    assert lookup.propose([text[11]], 3) == text[12:15] and lookup.kind == "long"
+    for key in (8, 6, 4):
+        lookup = PromptLookup(text + [50, 51, 52, 53, 54, 55] + text[12 - key : 11], sizes=(12, 8, 6, 4))
+        assert lookup.propose([text[11]], 3) == text[12:15] and lookup.kind == "short"
+
+
 def test_continuation_up_to_the_limit_and_the_history_end():
     lookup = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2, 3], sizes=(4,))
     assert lookup.propose([4], 10) == [5, 6, 1, 2, 3]

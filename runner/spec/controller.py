@@ -12,14 +12,21 @@ yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k`` pays w
 "Draft long or not at all": a draft of one token never pays (2 tokens for 2.2x the cost).
 
 Acceptance is learnt per sequence and per kind of guess (:attr:`runner.spec.drafter.Drafter.kinds`:
-prompt lookup's 12-token keys guess far better than its 4-token ones, and the shared pool's
-24-token keys better still, so each has its own record, and hopeful guesses failing do not hold
-back confident ones): a moving average over the drafted positions verified so far
-(accepted ones, and the first rejected one; positions after it tell nothing), starting from
-:data:`PRIOR`. While a sequence does not draft it drifts back towards the prior, so a sequence
-whose text turns repetitive later is probed again. A kind of guess that keeps failing (no token
-accepted :data:`MAX_FAILS` drafts in a row) is not drafted for :data:`PAUSE` tokens, twice as long
-each time it happens again.
+prompt lookup's long keys guess far better than its short ones, and the shared pool's 24-token
+keys better still, so each has its own record, and hopeful guesses failing do not hold back
+confident ones): a moving average over the drafted positions verified so far (accepted ones, and
+the first rejected one; positions after it tell nothing), starting from :data:`PRIOR`. While a
+sequence does not draft it drifts back towards the prior, slowly (half way in ~350 tokens), so a
+sequence whose text turns repetitive later is probed again. A kind of guess that keeps failing
+(no token accepted :data:`MAX_FAILS` drafts in a row) is not drafted for :data:`PAUSE` tokens,
+twice as long each time it happens again.
+
+Guesses right for a token or two and then wrong are the costly case: they never fail outright,
+so they never pause. gemma-3-270m explaining how a bicycle works found a short key every ~8
+tokens, 1-2 of 7 drafted tokens right (~0.5 per position); with a drift back of 2% a token the
+estimate sat at ~0.78, just where 7-token drafts pay on its table, and the answer ran at
+0.79-0.85x of no drafts (bench_spec's "explain"). With the drift below, it falls under that line
+after a few such drafts, and the kind is probed again every hundred tokens or so.
 
 The cost table is fixed (:data:`ROW_COST`), not measured: learnt costs would make the depth, and
 with it the rows a token is computed in, depend on timing noise, and batched rows round
@@ -73,7 +80,8 @@ PRIOR = 0.9
 #: weight of one verified position in the moving average of acceptance
 WEIGHT = 0.05
 #: per token generated without a draft, the distance of acceptance from the prior shrinks by this
-RECOVERY = 0.98
+#: (0.98 undid a failed draft's lesson in the ~8 tokens to the next guess: see above)
+RECOVERY = 0.998
 #: drafts in a row with nothing accepted after which a sequence pauses drafting
 MAX_FAILS = 3
 #: the first pause, in generated tokens (doubling each time, up to :data:`MAX_PAUSE`)
