@@ -195,8 +195,14 @@ def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth:
         r.close()
 
 
+#: Ollama's repeat penalty, which pollama's requests here get by default (Options): llama-server's
+#: default is none, and with it gemma3 answered the story and the explanation with other texts
+#: from the second token on ("Explain in" where pollama said "Explain the")
+PENALTY = {"repeat_penalty": Options().repeat_penalty, "repeat_last_n": Options().repeat_last_n}
+
+
 def server_generate(srv: bench_decode.LlamaServer, prompt: str, tokens: int) -> Gen:
-    reply = srv.post("/completion", {"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1,
+    reply = srv.post("/completion", {"prompt": prompt, "n_predict": tokens, "temperature": 0, "top_k": 1, **PENALTY,
                                      "cache_prompt": True, "stream": False})
     t = reply["timings"]
     return Gen(reply["content"], int(t["predicted_n"]), float(t["predicted_per_second"]),
