@@ -2,7 +2,7 @@
 engines, beside llama-server's n-gram modes on the same prompts.
 
     python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16] [--fa on]
-        [--pool on] [--invariant on]
+        [--pool on] [--invariant on] [--repeat-penalty 1]
 
 Tasks, greedy, ``--tokens`` generated (the issue's):
   rewrite  a 41-line Python file (bench/data/account.py.txt) with one name changed (input-grounded: the answer repeats it)
@@ -22,6 +22,10 @@ llama-server's own default, auto, would turn it on). llama-server (built from th
 as bench_decode.py builds llama-bench) runs the same prompt text through ``/completion`` with ``--spec-type none``,
 ``ngram-simple`` and ``ngram-mod`` (their defaults), its ``timings.predicted_per_second``. Then 4
 parallel streams in one runner (num_parallel 4): aggregate tok/s with and without drafts.
+
+Both pollama and llama-server get Ollama's repeat penalty (1.1 over 64 tokens), pollama's default;
+``--repeat-penalty 1`` turns it off in both (llama-server's default). It decides whether SmolLM2
+copies: penalised, it rewords what it should repeat.
 
 Runs are interleaved (no drafts, drafts, no drafts, ...) and medians reported; the load average is
 printed: on this 2-core machine, repeat a run whose load average is above ~0.5.
@@ -95,7 +99,7 @@ class Gen:
 
 
 def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
-    options = Options().merged({"temperature": 0, "num_predict": tokens, "draft_num_predict": depth})
+    options = Options().merged({"temperature": 0, "num_predict": tokens, "draft_num_predict": depth, **PENALTY})
     parts, final = [], None
     # each run evaluates its prompt whole: a prompt served from the slot re-evaluates only its last
     # token, alone, whose logits then differ in their last bits from the prompt batch's (another
@@ -195,9 +199,10 @@ def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth:
         r.close()
 
 
-#: Ollama's repeat penalty, which pollama's requests here get by default (Options): llama-server's
-#: default is none, and with it gemma3 answered the story and the explanation with other texts
-#: from the second token on ("Explain in" where pollama said "Explain the")
+#: the repeat penalty of both pollama's and llama-server's requests (``--repeat-penalty``): by
+#: default Ollama's (1.1 over 64 tokens), which pollama's requests get unless they say otherwise;
+#: llama-server's own default is none, and with it gemma3 answered the story and the explanation
+#: with other texts from the second token on ("Explain in" where pollama said "Explain the")
 PENALTY = {"repeat_penalty": Options().repeat_penalty, "repeat_last_n": Options().repeat_last_n}
 
 
@@ -250,18 +255,22 @@ def main() -> None:
                     help="pollama's shared n-gram pool (POLLAMA_NGRAM_POOL; default off, as pollama's)")
     ap.add_argument("--invariant", choices=("off", "on"), default="off",
                     help="the new engine's batch-invariant kernels (POLLAMA_BATCH_INVARIANT; default off)")
+    ap.add_argument("--repeat-penalty", type=float, default=Options().repeat_penalty,
+                    help="repeat penalty of both pollama's and llama-server's requests (default Ollama's, 1.1; "
+                         "1 is none, llama-server's default)")
     ap.add_argument("--fa", choices=("off", "on"), default="off",
                     help="flash attention in both pollama and llama-server (default off, pollama's default)")
     a = ap.parse_args()
     global FLASH, POOL, INVARIANT
     FLASH, POOL, INVARIANT = a.fa == "on", a.pool == "on", a.invariant == "on"
+    PENALTY["repeat_penalty"] = a.repeat_penalty
     models = a.models.split(",")
     engines = a.engines.split(",")
     tasks = a.tasks.split(",")
 
     print(f"machine: {bench_decode.machine()}; {a.threads} threads; greedy, {a.tokens} tokens; "
           f"draft_num_predict {a.depth} vs 0; flash attention {a.fa} (both); n-gram pool {a.pool}; "
-          f"batch-invariant {a.invariant}; "
+          f"batch-invariant {a.invariant}; repeat penalty {a.repeat_penalty:g} over {PENALTY['repeat_last_n']} tokens (both); "
           f"median of {a.runs} interleaved runs; "
           f"load average {load_avg()}")
     print(f"pollama: {bench_decode.git_head(HERE.parent)}\n")
