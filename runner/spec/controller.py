@@ -26,7 +26,7 @@ so they never pause. gemma-3-270m explaining how a bicycle works found a short k
 tokens, 1-2 of 7 drafted tokens right (~0.5 per position); with a drift back of 2% a token the
 estimate sat at ~0.78, just where 7-token drafts pay on its table, and the answer ran at
 0.79-0.85x of no drafts (bench_spec's "explain"). With the drift below, it falls under that line
-after a few such drafts, and the kind is probed again every hundred tokens or so.
+after a few such drafts, and the kind is probed again every hundred tokens or more.
 
 The cost table is fixed (:data:`ROW_COST`), not measured: learnt costs would make the depth, and
 with it the rows a token is computed in, depend on timing noise, and batched rows round
