@@ -27,6 +27,8 @@ def _collected():
     inside a render once took one of these over its bound in CI. Collected first, the next full
     collection is far off (it waits for a quarter as many new long-lived objects)."""
     gc.collect()
+
+
 FOREVER = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 _unique = count()
 

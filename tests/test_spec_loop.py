@@ -162,8 +162,8 @@ def test_pipelined(plain, name, prompt, opts):
 
 def test_no_drafts_beside_another_sequence(plain):
     """This first version drafts only for a sequence alone in the runner; the answers stay the
-    same. (The long one has 2,000 tokens to make, ten times what it had when once, the loop thread
-    holding the GIL, made them all before the short request was in.)"""
+    same. (The long one makes 2,000 tokens: with 200, the loop thread, which holds the GIL while it
+    decodes, once made them all before the short request was in.)"""
     run = Run(SPECS["eager"](), num_parallel=2)
     try:
         long = run.runner.stream(Request(prompt=CODE, raw=True, options=Options().merged({**GREEDY, "num_predict": 2000})))
