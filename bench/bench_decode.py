@@ -80,7 +80,33 @@ def gemma3() -> Path:
     raise SystemExit("gemma-3-270m not found; run ../shared/models/fetch-gemma3.sh")
 
 
-MODELS = {"smollm2": ("SmolLM2-135M Q4_1", smollm2), "gemma3": ("gemma-3-270m Q4_K_M", gemma3)}
+def requantized(kind: str) -> Path:
+    """SmolLM2 in ``kind`` (a llama.cpp file type: ``Q4_K_M``, ``Q8_0``), made from its Q4_1 by
+    llama.cpp's own quantizer (``llama_model_quantize``, requantizing allowed) once and kept in
+    the cache: the same network in the weight types most GGUF files come in (Q4_K_M falls back to
+    Q5_0 for SmolLM2's 576-wide rows, as published SmolLM2 Q4_K_M files do)."""
+    import ctypes
+
+    import llama_cpp
+
+    dest = CACHE / "models" / f"SmolLM2-135M-Instruct.requant.{kind.lower()}.gguf"
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
+    params.allow_requantize = True
+    params.nthread = 2
+    part = dest.with_suffix(".part")
+    if llama_cpp.llama_model_quantize(str(smollm2()).encode(), str(part).encode(), ctypes.byref(params)):
+        raise SystemExit(f"llama_model_quantize failed for {kind}")
+    part.rename(dest)
+    return dest
+
+
+MODELS = {"smollm2": ("SmolLM2-135M Q4_1", smollm2), "gemma3": ("gemma-3-270m Q4_K_M", gemma3),
+          "smollm2-q4_k_m": ("SmolLM2-135M Q4_K_M (requantized)", lambda: requantized("Q4_K_M")),
+          "smollm2-q8_0": ("SmolLM2-135M Q8_0 (requantized)", lambda: requantized("Q8_0"))}
 
 
 # --------------------------------------------------------------------------------- llama-bench

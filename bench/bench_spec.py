@@ -75,7 +75,7 @@ GROUNDED = ("rewrite", "quote")
 
 def chat_prompt(model: str, user: str) -> str:
     """The model's own chat format around one user turn (raw text, so llama-server gets the same)."""
-    if model == "smollm2":
+    if model.startswith("smollm2"):
         return (f"<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
                 f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
     return f"<start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n"
@@ -120,7 +120,7 @@ INVARIANT = False  # --invariant on: the new engine's batch-invariant kernels (P
 def load_runner(model: str, engine: str, threads: int, num_parallel: int):
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", cache_ram=0, cache_disk=0,
                               flash_attention=FLASH, ngram_pool=POOL, batch_invariant=INVARIANT)
-    path = None if model == "smollm2" else str(bench_decode.gemma3())
+    path = str(bench_decode.MODELS[model][1]())
     r = runner.load(runner.resolve(path, cfg), Options().merged({"num_ctx": 4096, "num_thread": threads}),
                     cfg, num_parallel=num_parallel)
     if r.engine != engine:
@@ -220,7 +220,7 @@ SPEC_TYPES = ("none", "ngram-simple", "ngram-mod")
 def server_rows(binary: Path, model: str, prompts: dict[str, str], runs: int, tokens: int,
                 threads: int) -> dict[tuple[str, str], list[Gen]]:
     """(task, spec type) -> runs; the three servers are started one after another per run round."""
-    path = bench_decode.smollm2() if model == "smollm2" else bench_decode.gemma3()
+    path = bench_decode.MODELS[model][1]()
     out: dict[tuple[str, str], list[Gen]] = {}
     for spec in SPEC_TYPES:
         srv = bench_decode.LlamaServer(binary, ["-m", str(path), "-np", "1", "-c", "4096", "-t", str(threads),
@@ -243,7 +243,7 @@ def acc(gens: list[Gen]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--models", default="smollm2,gemma3", help="comma list of: " + ",".join(bench_decode.MODELS))
     ap.add_argument("--engines", default="old,new")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--tokens", type=int, default=300)

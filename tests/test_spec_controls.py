@@ -4,14 +4,18 @@ and ``/v1`` ``timings``' draft counts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+import runner
 from cli.render import metrics_block
 from runner import config
 from runner.api import Chunk, InvalidRequest, Metrics, Options
 from runner.server.openai_api import timings
 from runner.spec.controller import Speculation
 from runner.store.modelfile import parse
+from tests.conftest import STORIES, TINYSTORIES
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("on", True), ("1", True), ("off", False), ("OFF", False),
@@ -34,6 +38,25 @@ def test_pollama_ngram_pool(value, on):
 def test_pollama_batch_invariant(value, on):
     cfg = config.load({"POLLAMA_BATCH_INVARIANT": value})
     assert cfg.batch_invariant is on
+
+
+@pytest.mark.parametrize("model,engine,invariant,table", [
+    (TINYSTORIES, "old", False, "batched"),  # Q8_0: llamafile's tiles take several rows at once
+    (TINYSTORIES, "new", False, "batched"),
+    (TINYSTORIES, "new", True, "per-row"),  # the batch-invariant mode takes each row alone
+    (STORIES, "new", False, "per-row"),  # no general.file_type: the dearer table
+])
+def test_a_runner_costs_drafted_rows_by_how_its_weights_are_multiplied(model, engine, invariant, table):
+    """bench/bench_rows.py: the rows of a step cost what the model's weight type's kernels make
+    them cost, whatever the architecture (SmolLM2 requantized to Q4_K_M costs as gemma3 does)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", batch_invariant=invariant,
+                              cache_ram=0, cache_disk=0)
+    r = runner.load(runner.resolve(str(model), cfg), Options().merged({"num_ctx": 256}), cfg)
+    try:
+        assert r.engine == engine
+        assert r.speculation.cost.name == table
+    finally:
+        r.close()
 
 
 def test_draft_num_predict_is_an_option():

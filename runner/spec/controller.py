@@ -2,9 +2,12 @@
 its rows cost, per sequence, and drafts only when that beats not drafting.
 
 A decode step of ``1 + k`` rows (the sampled token and ``k`` drafted ones) costs more than one of
-a single row: on GGML's CPU kernels 2 rows cost 2.2x one, 8 rows 4.5x, 16 rows 7.1x (SmolLM2;
-gemma-3-270m is cheaper per row, issue 26 notes §D, but its rows past a multiple of 4 cost another
-pass over the weights, so its drafts are 4k - 1 tokens deep). If each drafted token is right with
+a single row, and how much more depends on how GGML's CPU kernels multiply the model's weights
+(``bench/bench_rows.py`` measures it): Q4_1 and Q5_1 weights have no kernel for several rows, one
+dot product per weight row and batch row, so 2 rows cost 2.2x one, 8 rows 4.5x, 16 rows 7.1x
+(SmolLM2 Q4_1); the other types are repacked or tiled for batches and read once for all rows
+(gemma-3-270m Q4_K_M, and SmolLM2 requantized to Q4_K_M or Q8_0: 16 rows ~5x), but rows past a
+multiple of 4 cost another pass over the weights, so such drafts are 4k - 1 tokens deep. If each drafted token is right with
 probability ``a`` given that the ones before it were (the sequence's *acceptance*), the step
 yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k`` pays when that sum over
 ``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: with ``a`` = 0.9 about 8 tokens
@@ -47,9 +50,9 @@ from .drafter import DraftSource, Drafter, NoDrafter
 from .ngram import PromptLookup
 from .pool import NgramPool
 
-#: (rows, cost relative to a one-row decode) on GGML's CPU kernels: SmolLM2-135M Q4_1 measured to
-#: 16 rows (issue 26 notes §D), beyond that extrapolated; the table of any architecture
-#: :data:`ROW_COSTS` does not name
+#: (rows, cost relative to a one-row decode) where GGML's CPU kernels multiply the weights one row
+#: at a time (Q4_1, Q5_1, and file types not named in :data:`BATCHED_TYPES`): SmolLM2-135M Q4_1
+#: measured to 16 rows (issue 26 notes §D), beyond that extrapolated
 ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5), (16, 7.1), (32, 12.0),
                                            (64, 22.0))
 #: GGML's CPU kernels multiply repacked weights (Q4_0, Q4_K, IQ4_NL) 4 rows at a time, with
@@ -61,14 +64,23 @@ ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5
 #: cheap drafts are 4k - 1 tokens, 31 rather than 32 (33 rows cost ~30% more than 32). SmolLM2's
 #: Q4_1 rows cost about the line (12 rows 4.75x, 13 5.12x, 14 5.39x, 15 5.68x, 16 5.69x)
 ROW_GROUP = 4
-#: the tables of architectures whose rows cost measurably less (2 cores, llama.cpp through the old
-#: engine, after a 200-token prompt; bench/README.md): gemma-3-270m Q4_K_M measured to 32 rows,
-#: with the leftover costs of 1, 2 and 3 rows past a multiple of :data:`ROW_GROUP` (above).
-#: A fixed table per architecture, not one measured at load: the depth, and with it which rows are
+#: GGUF file types (``general.file_type``, :attr:`runner.api.ModelInfo.quantization`) whose
+#: weights GGML's CPU kernels multiply for several rows at once: repacked (Q4_0, Q4_K, Q2_K,
+#: Q5_K, Q6_K, Q8_0), llamafile's tiles (Q8_0, Q5_0, Q4_0, F16, BF16, F32) or tiled from 8 rows
+#: (the K-quants); a mixed file (Q4_K_M: Q4_K, Q6_K, Q5_0 where rows are too short for K-quants)
+#: is all of these. Q4_1 and Q5_1 have none of them
+BATCHED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q8_0", "Q5_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
+                           "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"})
+#: the tables by how the weights are multiplied (:meth:`StepCost.of`): "batched", measured on
+#: gemma-3-270m Q4_K_M to 32 rows (2 cores, llama.cpp through the old engine, after a 200-token
+#: prompt) with the leftover costs of 1, 2 and 3 rows past a multiple of :data:`ROW_GROUP`, and
+#: matched by SmolLM2 requantized to Q4_K_M and Q8_0 (``bench/bench_rows.py``); "per-row",
+#: :data:`ROW_COST`. A fixed table, not one measured at load: the depth, and with it which rows are
 #: computed in one batch, must follow from the tokens alone (see above)
-ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...]]] = {
-    "gemma3": (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
-               (0.0, 1.05, 1.45, 1.85)),
+ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | None]] = {
+    "batched": (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
+                (0.0, 1.05, 1.45, 1.85)),
+    "per-row": (ROW_COST, None),
 }
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
 #: room for ``1 + MAX_DRAFT`` output rows per sequence)
@@ -96,13 +108,19 @@ class StepCost:
     ``leftover[rows % ROW_GROUP]``."""
 
     @classmethod
-    def of(cls, architecture: str) -> "StepCost":
-        """The cost table of models of ``architecture`` (GGUF ``general.architecture``)."""
-        table, leftover = ROW_COSTS.get(architecture, (ROW_COST, None))
-        return cls(table, leftover)
+    def of(cls, file_type: str, batched: bool = True) -> "StepCost":
+        """The cost table of a model whose GGUF file type is ``file_type`` (``Q4_K_M``, ``Q4_1``,
+        ...; :attr:`runner.api.ModelInfo.quantization`): "batched" for :data:`BATCHED_TYPES`,
+        else "per-row", the dearer, so that an unknown type drafts less rather than slows down.
+        ``batched`` False: the engine takes every row to the one-row dot products whatever the
+        type (the new engine's ``POLLAMA_BATCH_INVARIANT``), so rows cost as Q4_1's do."""
+        name = "batched" if batched and file_type.upper() in BATCHED_TYPES else "per-row"
+        table, leftover = ROW_COSTS[name]
+        return cls(table, leftover, name)
 
     def __init__(self, table: Sequence[tuple[int, float]] = ROW_COST,
-                 leftover: Sequence[float] | None = None) -> None:
+                 leftover: Sequence[float] | None = None, name: str = "") -> None:
+        self.name = name or "custom"  # which table (bench_rows.py prints it)
         self.table = sorted((int(r), float(c)) for r, c in table)
         if len(self.table) < 2 or self.table[0][0] != 1:
             raise ValueError("a cost table needs at least two rows, the first for 1 row")
