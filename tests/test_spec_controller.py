@@ -77,9 +77,10 @@ def test_acceptance_learns_and_drifts_back():
     a.record(10, 8, 8)
     assert a.alpha > C.PRIOR
     a.record(20, 8, 0)
-    assert a.alpha < C.PRIOR and a.fails == 1
-    assert C.PRIOR - a.now(20 + 346) == pytest.approx((C.PRIOR - a.alpha) / 2, rel=0.01)  # half way back
-    later = a.now(20 + 2000)
+    a.record(30, 8, 0)
+    assert a.alpha < C.PRIOR and a.fails == 2
+    assert C.PRIOR - a.now(30 + 346) == pytest.approx((C.PRIOR - a.alpha) / 2, rel=0.01)  # half way back
+    later = a.now(30 + 2000)
     assert a.alpha < later < C.PRIOR and later == pytest.approx(C.PRIOR, abs=0.01)
 
 
@@ -195,3 +196,12 @@ def test_the_cost_table_follows_how_the_weights_are_multiplied():
     assert StepCost.of("Q5_1").name == StepCost.of("unknown").name == "per-row"
     assert StepCost.of("Q4_K_M", batched=False).name == "per-row"  # the batch-invariant mode
     assert best_depth(0.95, 32, batched) > best_depth(0.95, 32, per_row) > 8
+
+
+def test_the_prior_is_where_each_kind_starts_and_drifts_back_to():
+    seq = Speculation(prior=0.7).begin([1, 2, 3], depth=16)
+    a = seq.acceptance("short")
+    assert a.now(0) == 0.7
+    a.record(10, 8, 8)
+    assert a.alpha > 0.7 and a.now(10 + 5000) == pytest.approx(0.7, abs=0.01)
+    assert Speculation().begin([1], depth=16).acceptance("long").now(0) == C.PRIOR

@@ -87,7 +87,9 @@ ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | No
 MAX_DRAFT = 32
 #: draft only when the expected tokens per unit of time beat not drafting by this factor
 GAIN = 1.05
-#: a sequence's acceptance before any of its drafts was verified
+#: a sequence's acceptance of a kind of guess before any was verified: its first drafts are made
+#: on this alone, and an answer too short to learn from pays for them (bench/bench_spec_replay.py
+#: compares priors over recorded answers)
 PRIOR = 0.9
 #: weight of one verified position in the moving average of acceptance
 WEIGHT = 0.05
@@ -166,6 +168,7 @@ class Acceptance:
     """One sequence's record of its drafts."""
 
     alpha: float = PRIOR  # estimated chance a drafted token is right (given the ones before were)
+    prior: float = PRIOR  # what ``alpha`` starts from and drifts back to
     at: int = 0  # tokens generated when ``alpha`` was last updated
     fails: int = 0  # drafts in a row with nothing accepted
     pause: int = PAUSE  # the next pause's length
@@ -174,7 +177,7 @@ class Acceptance:
     def now(self, generated: int) -> float:
         """The acceptance estimate after ``generated`` tokens: drifted towards the prior for
         each token generated since the last verified draft."""
-        return PRIOR + (self.alpha - PRIOR) * RECOVERY ** max(generated - self.at, 0)
+        return self.prior + (self.alpha - self.prior) * RECOVERY ** max(generated - self.at, 0)
 
     def record(self, generated: int, proposed: int, accepted: int) -> None:
         """A draft of ``proposed`` tokens was verified after ``generated`` tokens and
@@ -205,24 +208,30 @@ class SeqDrafts:
     depth: int  # the most tokens one draft may have (0: never drafts)
     kinds: dict[str, Acceptance] = field(default_factory=dict)  # the record of each kind of guess
     kind: str = ""  # the kind of the last draft proposed
+    prior: float = PRIOR  # each kind's acceptance before its first draft
 
     def acceptance(self, kind: str) -> Acceptance:
         """The record of the sequence's guesses of ``kind``."""
-        return self.kinds.setdefault(kind, Acceptance())
+        record = self.kinds.get(kind)
+        if record is None:
+            record = self.kinds[kind] = Acceptance(self.prior, self.prior)
+        return record
 
 
 class Speculation:
     """The runner's speculative decoding: a drafter per sequence and the depth of each draft."""
 
     def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None,
-                 draft: DraftSource | None = None, pool: bool = False) -> None:
+                 draft: DraftSource | None = None, pool: bool = False, prior: float = PRIOR) -> None:
         """``enabled`` False: no sequence ever drafts (``POLLAMA_SPECULATIVE=off``, or a model
         whose KV memory cannot drop a sequence's tail); ``cost``: a decode's cost by rows
         (default :class:`StepCost` over :data:`ROW_COST`); ``draft``: a draft model, which
         then drafts for every sequence instead of prompt lookup (Modelfile ``DRAFT``, the
         ``draft`` option); ``pool``: prompt lookup also drafts from an n-gram pool the
-        sequences share (``POLLAMA_NGRAM_POOL``)."""
+        sequences share (``POLLAMA_NGRAM_POOL``); ``prior``: a kind of guess's acceptance
+        before its first draft (:data:`PRIOR`; bench_spec_replay.py compares others)."""
         self.enabled = enabled
+        self.prior = prior
         self.cost = cost if cost is not None else StepCost()
         self.draft = draft
         # what the sequences that draft by lookup have read and written
@@ -235,7 +244,7 @@ class Speculation:
         drafter: Drafter | None = NoDrafter()
         if depth:
             drafter = PromptLookup(prompt, pool=self.pool) if self.draft is None else self.draft.drafter(slot, prompt)
-        return SeqDrafts(drafter or NoDrafter(), depth if drafter is not None else 0)
+        return SeqDrafts(drafter or NoDrafter(), depth if drafter is not None else 0, prior=self.prior)
 
     def close(self) -> None:
         """Free the draft model, if any (the runner unloads)."""
