@@ -7,11 +7,12 @@ a single row, and how much more depends on how GGML's CPU kernels multiply the m
 dot product per weight row and batch row, so 2 rows cost 2.2x one, 8 rows 4.5x, 16 rows 7.1x
 (SmolLM2 Q4_1); the other types are repacked or tiled for batches and read once for all rows
 (gemma-3-270m Q4_K_M, and SmolLM2 requantized to Q4_K_M or Q8_0: 16 rows ~5x), but rows past a
-multiple of 4 cost another pass over the weights, so such drafts are 4k - 1 tokens deep. If each drafted token is right with
-probability ``a`` given that the ones before it were (the sequence's *acceptance*), the step
-yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k`` pays when that sum over
-``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: with ``a`` = 0.9 about 8 tokens
-(1.3x), with every draft right as deep as allowed (16 tokens: 2.3x), below ``a`` ~ 0.84 none.
+multiple of 4 cost another pass over the weights, so such drafts are 4k - 1 tokens deep. If each
+drafted token is right with probability ``a`` given that the ones before it were (the sequence's
+*acceptance*), the step yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k``
+pays when that sum over ``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: on
+Q4_1's table, with ``a`` = 0.9 about 8 tokens (1.3x), with every draft right as deep as allowed
+(16 tokens: 2.3x), below ``a`` ~ 0.84 none.
 "Draft long or not at all": a draft of one token never pays (2 tokens for 2.2x the cost).
 
 Acceptance is learnt per sequence and per kind of guess (:attr:`runner.spec.drafter.Drafter.kinds`:
@@ -65,10 +66,10 @@ ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5
 #: Q4_1 rows cost about the line (12 rows 4.75x, 13 5.12x, 14 5.39x, 15 5.68x, 16 5.69x)
 ROW_GROUP = 4
 #: GGUF file types (``general.file_type``, :attr:`runner.api.ModelInfo.quantization`) whose
-#: weights GGML's CPU kernels multiply for several rows at once: repacked (Q4_0, Q4_K, Q2_K,
-#: Q5_K, Q6_K, Q8_0), llamafile's tiles (Q8_0, Q5_0, Q4_0, F16, BF16, F32) or tiled from 8 rows
-#: (the K-quants); a mixed file (Q4_K_M: Q4_K, Q6_K, Q5_0 where rows are too short for K-quants)
-#: is all of these. Q4_1 and Q5_1 have none of them
+#: weights GGML's CPU kernels multiply for several rows at once: repacked where the CPU allows
+#: (Q4_0, Q4_K, IQ4_NL on AVX2; more types on others), llamafile's tiles (Q8_0, Q5_0, Q4_0, F16,
+#: BF16, F32) or tiled from 8 rows (the K-quants); a mixed file (Q4_K_M: Q4_K, Q6_K, and Q5_0
+#: where rows are too short for K-quants) is all of these. Q4_1 and Q5_1 have none of them
 BATCHED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q8_0", "Q5_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
                            "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"})
 #: the tables by how the weights are multiplied (:meth:`StepCost.of`): "batched", measured on
