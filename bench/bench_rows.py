@@ -2,7 +2,8 @@
 (``runner/spec/controller.py``; issue 26).
 
     python bench/bench_rows.py [--models smollm2,smollm2-q4_k_m,smollm2-q8_0,gemma3] [--engines new,old]
-                               [--rounds 8] [--history 400] [--threads 2]
+                               [--rows 1,2,3,4,5,8,12,15,16,24,31,32] [--rounds 8] [--history 400]
+                               [--threads 2] [--invariant on] [--json costs.json]
 
 A draft of ``k`` tokens is verified in one step of ``1 + k`` rows, so it pays only if that step
 costs less than the ``1 + a + ... + a^k`` one-row steps it replaces. What a row costs depends on
@@ -13,8 +14,8 @@ batch row, so its rows cost nearly as much as steps of their own.
 
 For each model and engine: a ``--history``-token prompt, then steps of n rows (one sequence,
 positions after the prompt, every row's logits read back as verification reads them), each rolled
-back (``kv.seq_rm``) before the next; the sizes interleaved round by round, medians of
-``--rounds``. Printed: each step's time relative to one row, the controller's table for the model
+back (``kv.seq_rm``) before the next; three steps of a size in a row, the first (which builds the
+graph of that size) not timed; the sizes interleaved round by round, medians of ``--rounds``. Printed: each step's time relative to one row, the controller's table for the model
 (:meth:`runner.spec.controller.StepCost.of`), and ``n / cost``, the most a draft of ``n - 1``
 tokens could gain with every token accepted.
 
