@@ -115,7 +115,6 @@ def our_speed(engine: str, threads: int, prompt_tokens: list[int], n_gen: int, r
     text = r.detokenize(prompt_tokens)
     for _ in range(runs + 1):
         opts = Options(temperature=0, repeat_penalty=1.0, num_predict=n_gen)
-        t0 = time.perf_counter_ns()
         _, total1, f1, _ = timed(r.stream(Request(prompt=text, raw=True, cache_prompt=False,
                                                     options=dataclasses.replace(opts, num_predict=1))))
         _, total, f, _ = timed(r.stream(Request(prompt=text, raw=True, cache_prompt=False, options=opts)))
