@@ -13,9 +13,10 @@ from cli.render import metrics_block
 from runner import config
 from runner.api import Chunk, InvalidRequest, Metrics, Options
 from runner.server.openai_api import timings
-from runner.spec.controller import Speculation
+from runner.spec.controller import Speculation, StepCost
 from runner.store.modelfile import parse
 from tests.conftest import STORIES, TINYSTORIES
+from tests.ggufcopy import with_file_type
 
 
 @pytest.mark.parametrize("value,on", [("", True), ("on", True), ("1", True), ("off", False), ("OFF", False),
@@ -57,6 +58,18 @@ def test_a_runner_costs_drafted_rows_by_how_its_weights_are_multiplied(model, en
         assert r.speculation.cost.name == table
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("file_type,name,table", [(30, "IQ4_XS", "per-row"), (15, "Q4_K_M", "batched"),
+                                                   (99, "unknown", "per-row")])
+def test_the_file_type_names_the_quantization_and_picks_the_table(file_type, name, table, tmp_path):
+    """``general.file_type`` is what ``pollama show`` calls the quantization, and what picks the
+    cost table (i-quants have no kernel for 2 to 7 rows: the dearer table)."""
+    path = with_file_type(TINYSTORIES, tmp_path / "m.gguf", file_type)
+    cfg = dataclasses.replace(config.load({}), cache_ram=0, cache_disk=0)
+    model = runner.resolve(str(path), cfg)
+    assert model.info.quantization == name
+    assert StepCost.of(model.info.quantization).name == table
 
 
 def test_draft_num_predict_is_an_option():
