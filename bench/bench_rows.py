@@ -15,7 +15,8 @@ batch row, so its rows cost nearly as much as steps of their own.
 For each model and engine: a ``--history``-token prompt, then steps of n rows (one sequence,
 positions after the prompt, every row's logits read back as verification reads them), each rolled
 back (``kv.seq_rm``) before the next; three steps of a size in a row, the first (which builds the
-graph of that size) not timed; the sizes interleaved round by round, medians of ``--rounds``. Printed: each step's time relative to one row, the controller's table for the model
+graph of that size) not timed; the sizes interleaved round by round, medians of ``--rounds``.
+Printed: each step's time relative to one row, the controller's table for the model
 (:meth:`runner.spec.controller.StepCost.of`), and ``n / cost``, the most a draft of ``n - 1``
 tokens could gain with every token accepted.
 

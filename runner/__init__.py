@@ -97,7 +97,8 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
-                         speculation=Speculation(enabled=cfg.speculative, cost=StepCost.of(info.quantization, rows_batch),
+                         speculation=Speculation(enabled=cfg.speculative,
+                                                 cost=StepCost.of(info.quantization, rows_batch),
                                                  draft=draft, pool=cfg.ngram_pool))
     runner.memory_size = (runner.memory_size or need.total) + draft_bytes  # the new engine knows its own
     runner.offload = placement.offload()
