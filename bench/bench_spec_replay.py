@@ -77,21 +77,7 @@ def record(model: str, penalty: float) -> list[Answer]:
         r.close()
 
 
-def interpolated(costs: dict[int, float]):
-    """Step cost by rows through the measured sizes (linear between, extended past the last)."""
-    pts = sorted(costs.items())
-
-    def cost(rows: int) -> float:
-        for (r0, c0), (r1, c1) in zip(pts, pts[1:]):
-            if rows <= r1:
-                return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
-        (r0, c0), (r1, c1) = pts[-2], pts[-1]
-        return c1 + (c1 - c0) * (rows - r1) / (r1 - r0)
-
-    return cost
-
-
-def replay(answer: Answer, table: StepCost, prior: float, cost) -> tuple[float, int, int]:
+def replay(answer: Answer, table: StepCost, prior: float, cost: StepCost) -> tuple[float, int, int]:
     """(speed-up, accepted, proposed) of the controller with ``table`` and ``prior`` over ``answer``."""
     spec = Speculation(cost=table, prior=prior)
     seq = spec.begin(answer.prompt, DEPTH)
@@ -129,7 +115,7 @@ def main() -> None:
     for model in args.models.split(","):
         label, path = bench_decode.MODELS[model][0], bench_decode.MODELS[model][1]()
         info, t = bench_rows.measure(path, "new", list(range(1, 34)), args.rounds, 400, 2)
-        cost = interpolated({n: t[n] / t[1] for n in t})
+        cost = StepCost(tuple((n, t[n] / t[1]) for n in t), name="measured")  # linear between the sizes
         picked = StepCost.of(info.quantization).name
         for penalty in map(float, args.penalties.split(",")):
             answers = record(model, penalty)
