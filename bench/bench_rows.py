@@ -55,11 +55,14 @@ INVARIANT = False  # --invariant on: the new engine's batch-invariant mode (POLL
 
 
 def load_engine(path: Path, engine: str, threads: int):
-    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", batch_invariant=INVARIANT)
+    """``engine``: "old", "new", or "new-ggml" (the new engine with POLLAMA_ROW_KERNELS=0: GGML's
+    one-row products for Q4_1 weights, as llama.cpp multiplies them)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine != "old", batch_invariant=INVARIANT,
+                              row_kernels=engine != "new-ggml")
     info = runner.resolve(str(path), cfg).info
     plan = runner.load_options(info, Options().merged({"num_ctx": 2048, "num_batch": 512, "num_thread": threads}),
                                cfg, 1)
-    if engine == "new":
+    if engine != "old":
         from runner.engines.ggml.engine import GGMLEngine
 
         return info, GGMLEngine(info, plan)
@@ -81,7 +84,8 @@ def step(engine, tokens: list[int], pos: int) -> float:
 
 
 def measure(path: Path, engine_name: str, rows: list[int], rounds: int, history: int,
-            threads: int) -> tuple[object, dict[int, float]]:
+            threads: int) -> tuple[object, StepCost, dict[int, float]]:
+    """(model info, the controller's table for it on this engine, median seconds by rows)."""
     info, engine = load_engine(path, engine_name, threads)
     try:
         ids = engine.tokenize(TEXT * 4)
@@ -103,7 +107,8 @@ def measure(path: Path, engine_name: str, rows: list[int], rounds: int, history:
                     if not engine.kv.seq_rm(0, len(prompt), None):
                         raise SystemExit("the engine could not roll back a step")
                 times[n] += ts[1:]
-        return info, {n: statistics.median(ts) for n, ts in times.items()}
+        table = StepCost.of(info.quantization, engine.multiplies)
+        return info, table, {n: statistics.median(ts) for n, ts in times.items()}
     finally:
         engine.close()
 
@@ -112,7 +117,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2,smollm2-q4_k_m,smollm2-q8_0,gemma3",
                     help="comma list of: " + ",".join(bench_decode.MODELS))
-    ap.add_argument("--engines", default="new,old")
+    ap.add_argument("--engines", default="new,old", help="comma list of: new, old, new-ggml (the new engine "
+                    "without its Q4_1 row kernels, POLLAMA_ROW_KERNELS=0)")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma list of step sizes (rows)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--history", type=int, default=400, help="prompt tokens before the steps (default 400)")
@@ -133,21 +139,24 @@ def main() -> None:
     found: dict[str, dict[str, dict[int, float]]] = {}
     for model in args.models.split(","):
         label, path = bench_decode.MODELS[model][0], bench_decode.MODELS[model][1]()
-        costs, ones, table = {}, {}, None
+        costs, ones, tables = {}, {}, {}
         for engine in engines:
-            info, t = measure(path, engine, rows, args.rounds, args.history, args.threads)
+            info, tables[engine], t = measure(path, engine, rows, args.rounds, args.history, args.threads)
             costs[engine] = {n: t[n] / t[1] for n in rows}
             ones[engine] = t[1] * 1e3
-            table = StepCost.of(info.quantization, batched=not (engine == "new" and INVARIANT))
         found[model] = costs
-        assert table is not None
-        print(f"\n### {label}: the controller's table \"{table.name}\" (load average {os.getloadavg()[0]:.2f})\n")
-        print("one row: " + ", ".join(f"{e} engine {ones[e]:.2f} ms" for e in engines) + "\n")
-        print("| rows | " + " | ".join(f"{e} engine" for e in engines) + " | table | "
+        names = list(dict.fromkeys(t.name for t in tables.values()))  # the tables these engines use
+        by_name = {t.name: t for t in tables.values()}
+        print(f"\n### {label} (load average {os.getloadavg()[0]:.2f})\n")
+        print("one row: " + ", ".join(f"{e} engine {ones[e]:.2f} ms (table \"{tables[e].name}\")" for e in engines)
+              + "\n")
+        print("| rows | " + " | ".join(f"{e} engine" for e in engines) + " | "
+              + " | ".join(f"table \"{name}\"" for name in names) + " | "
               + " | ".join(f"n / cost, {e}" for e in engines) + " |")
-        print("|---:|" + "---:|" * (2 * len(engines) + 1))
+        print("|---:|" + "---:|" * (2 * len(engines) + len(names)))
         for n in rows:
-            print(f"| {n} | " + " | ".join(f"{costs[e][n]:.2f}" for e in engines) + f" | {table(n):.2f} | "
+            print(f"| {n} | " + " | ".join(f"{costs[e][n]:.2f}" for e in engines) + " | "
+                  + " | ".join(f"{by_name[name](n):.2f}" for name in names) + " | "
                   + " | ".join(f"{n / costs[e][n]:.2f}" for e in engines) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(found, indent=1))

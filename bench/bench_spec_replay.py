@@ -114,9 +114,9 @@ def main() -> None:
     print(f"pollama: {bench_decode.git_head(HERE.parent)}")
     for model in args.models.split(","):
         label, path = bench_decode.MODELS[model][0], bench_decode.MODELS[model][1]()
-        info, t = bench_rows.measure(path, "new", list(range(1, 34)), args.rounds, 400, 2)
+        info, its_table, t = bench_rows.measure(path, "new", list(range(1, 34)), args.rounds, 400, 2)
         cost = StepCost(tuple((n, t[n] / t[1]) for n in t), name="measured")  # linear between the sizes
-        picked = StepCost.of(info.quantization).name
+        picked = its_table.name
         for penalty in map(float, args.penalties.split(",")):
             answers = record(model, penalty)
             print(f"\n### {label}, repeat penalty {penalty:g} (16 rows cost {cost(16):.2f}, 32 rows {cost(32):.2f} "

@@ -92,13 +92,11 @@ def load(model: ResolvedModel, options: Options | None = None, cfg: _config.Conf
             raise
         draft_bytes = draft_engine.memory_size or draft_need.total
     decoder = ThreadDecoder(f"compute:{info.name}") if plan.pipeline else InlineDecoder()
-    # the new engine's batch-invariant mode multiplies every row as a row alone: no batched kernels
-    rows_batch = not (engine.name == "new" and plan.batch_invariant)
     runner = BatchRunner(engine, template=model.template, num_ctx=plan.num_ctx, num_parallel=plan.num_parallel,
                          num_batch=plan.num_batch, multi_user=plan.multi_user, decoder=decoder,
                          store=_prompt_store(engine, info, plan, cfg),
                          speculation=Speculation(enabled=cfg.speculative,
-                                                 cost=StepCost.of(info.quantization, rows_batch),
+                                                 cost=StepCost.of(info.quantization, engine.multiplies),
                                                  draft=draft, pool=cfg.ngram_pool))
     runner.memory_size = (runner.memory_size or need.total) + draft_bytes  # the new engine knows its own
     runner.offload = placement.offload()

@@ -102,6 +102,9 @@ class Config:
     # (runner.ml.backend.BackendOptions.batch_invariant): guesses never change a greedy answer
     # where the weights' products are row-exact too (SmolLM2's Q4_1), at a cost in speed
     batch_invariant: bool = False
+    # POLLAMA_ROW_KERNELS: the new engine multiplies Q4_1 weights by several rows at a time with
+    # our kernels (runner.ml.ggml.q4_1), GGML's numbers bit for bit; off: GGML's one-row products
+    row_kernels: bool = True
     # OLLAMA_GPU_OVERHEAD: bytes of each GPU's free memory that offload leaves alone (runner.loading.gpu)
     gpu_overhead: int = 0
     # OLLAMA_REMOTES: the hosts (lowercase names, comma-separated) a model pulled from a registry
@@ -154,6 +157,11 @@ def parse_bool(value: str) -> bool:
     if value == "":
         return False
     return value.lower() not in ("0", "f", "false")
+
+
+def _on_unless_off(env: Mapping[str, str], name: str) -> bool:
+    """A switch that is on by default: off only for "off", "0", "false", "f" or "no"."""
+    return _clean(env, name).lower() not in ("off", "0", "false", "f", "no")
 
 
 def _uint(env: Mapping[str, str], name: str, default: int) -> int:
@@ -414,9 +422,10 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_ram=_uint(env, "OLLAMA_CACHE_RAM", DEFAULT_CACHE_RAM),
         cache_dir=Path(_clean(env, "POLLAMA_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser(),
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
-        speculative=_clean(env, "POLLAMA_SPECULATIVE").lower() not in ("off", "0", "false", "f", "no"),
+        speculative=_on_unless_off(env, "POLLAMA_SPECULATIVE"),
         ngram_pool=parse_bool(_clean(env, "POLLAMA_NGRAM_POOL")),
         batch_invariant=parse_bool(_clean(env, "POLLAMA_BATCH_INVARIANT")),
+        row_kernels=_on_unless_off(env, "POLLAMA_ROW_KERNELS"),
         gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),
         remotes=parse_remotes(_clean(env, "OLLAMA_REMOTES")),
         remote_api_key=check_api_key(_clean(env, "POLLAMA_REMOTE_API_KEY"), "POLLAMA_REMOTE_API_KEY"),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from runner.ml import kernels
 from runner.spec import controller as C
 from runner.spec.controller import Acceptance, Speculation, StepCost, best_depth, expected_tokens
+
+LLAMA_CPP = kernels.multiplies(ggml_batched=True, tiled=False)  # the old engine's
 
 
 class Fixed:
@@ -51,7 +54,7 @@ def test_rows_past_a_multiple_of_four_cost_their_leftover():
     assert [cost(r) for r in (3, 4, 5, 7, 8, 12, 13, 16, 17)] == [2.0, 2.5, 3.5, 4.3, 3.5, 4.25, 5.25, 5.0, 6.0]
     assert best_depth(0.999, 16, cost) == 15  # 16 rows, not 17
     assert best_depth(0.999, 14, cost) == 11  # a 14-token guess: 12 rows beat 15
-    assert StepCost.of("Q4_K_M")(33) > StepCost.of("Q4_K_M")(32) + 1
+    assert StepCost.of("Q4_K_M", LLAMA_CPP)(33) > StepCost.of("Q4_K_M", LLAMA_CPP)(32) + 1
     with pytest.raises(ValueError):
         StepCost(((1, 1.0), (4, 2.0)), (0.0, 1.0))
 
@@ -92,7 +95,7 @@ def test_drafts_that_keep_succeeding_are_not_drift():
         a.record(n, 16, 16)
         n += 17  # 16 accepted and the target's own token
     assert a.now(n) > 0.99
-    assert best_depth(a.now(n), 32, StepCost.of("Q4_K_M")) == 31  # 32 rows: 33 cost a pass more
+    assert best_depth(a.now(n), 32, StepCost.of("Q4_K_M", LLAMA_CPP)) == 31  # 32 rows: 33 cost a pass more
     assert a.now(n + 1500) == pytest.approx(C.PRIOR, abs=0.02)  # 1500 tokens without drafts: back
 
 
@@ -147,7 +150,7 @@ def test_guesses_right_for_a_token_then_wrong_stop_being_drafted():
     so it never pauses: the estimate itself must fall to where drafting does not pay. (gemma-3-270m
     explaining a bicycle: with a faster drift back to the prior, the estimate sat at ~0.78, it
     drafted 7 tokens every 8 and ran at 0.79-0.85x.)"""
-    cost = StepCost.of("Q4_K_M")  # gemma-3-270m's
+    cost = StepCost.of("Q4_K_M", LLAMA_CPP)  # gemma-3-270m's
     spec = Speculation(cost=cost)
     seq = spec.begin([1, 2, 3], depth=32)
     seq.drafter = Fixed(31)
@@ -187,15 +190,22 @@ def test_each_kind_of_guess_has_its_own_record():
 
 def test_the_cost_table_follows_how_the_weights_are_multiplied():
     """Rows of weights GGML multiplies for several rows at once (Q4_K_M, Q8_0, ...) cost less
-    than Q4_1's, one dot product per row (bench/bench_rows.py): at the same acceptance such a
-    model drafts deeper; a file type not known to batch gets the dearer table."""
-    batched, per_row = StepCost.of("Q4_K_M"), StepCost.of("Q4_1")
+    than Q4_1's in llama.cpp, one dot product per row (bench/bench_rows.py): at the same
+    acceptance such a model drafts deeper; a file type not known to batch gets the dearer table.
+    The new engine's own Q4_1 kernels make Q4_1 rows the cheapest: short drafts pay at an
+    acceptance where the others draft nothing."""
+    batched, per_row = StepCost.of("Q4_K_M", LLAMA_CPP), StepCost.of("Q4_1", LLAMA_CPP)
     assert (batched.name, per_row.name) == ("batched", "per-row")
     assert batched(16) == 5.07 and per_row(16) == StepCost()(16) == 7.1
-    assert StepCost.of("q8_0").name == StepCost.of("F16").name == "batched"
-    assert StepCost.of("Q5_1").name == StepCost.of("unknown").name == "per-row"
-    assert StepCost.of("Q4_K_M", batched=False).name == "per-row"  # the batch-invariant mode
+    assert StepCost.of("q8_0", LLAMA_CPP).name == StepCost.of("F16", LLAMA_CPP).name == "batched"
+    assert StepCost.of("Q5_1", LLAMA_CPP).name == StepCost.of("unknown", LLAMA_CPP).name == "per-row"
+    invariant = kernels.multiplies(ggml_batched=False, tiled=False)  # each row alone
+    assert StepCost.of("Q4_K_M", invariant).name == "per-row"
     assert best_depth(0.95, 32, batched) > best_depth(0.95, 32, per_row) > 8
+    tiled = StepCost.of("q4_1", kernels.multiplies(ggml_batched=True, tiled=True))
+    assert tiled.name == "tiled" and tiled(16) < batched(16) and tiled(5) > tiled(4)
+    assert StepCost.of("Q4_1", kernels.multiplies(ggml_batched=False, tiled=True)).name == "tiled"
+    assert best_depth(0.6, 32, tiled) > 0 == best_depth(0.6, 32, batched) == best_depth(0.6, 32, per_row)
 
 
 def test_the_prior_is_where_each_kind_starts_and_drifts_back_to():

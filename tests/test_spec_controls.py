@@ -12,10 +12,11 @@ import runner
 from cli.render import metrics_block
 from runner import config
 from runner.api import Chunk, InvalidRequest, Metrics, Options
+from runner.ml import kernels
 from runner.server.openai_api import timings
 from runner.spec.controller import Speculation, StepCost
 from runner.store.modelfile import parse
-from tests.conftest import STORIES, TINYSTORIES
+from tests.conftest import SMOLLM2, STORIES, TINYSTORIES
 from tests.ggufcopy import with_file_type
 
 
@@ -41,17 +42,21 @@ def test_pollama_batch_invariant(value, on):
     assert cfg.batch_invariant is on
 
 
-@pytest.mark.parametrize("model,engine,invariant,table", [
-    (TINYSTORIES, "old", False, "batched"),  # Q8_0: llamafile's tiles take several rows at once
-    (TINYSTORIES, "new", False, "batched"),
-    (TINYSTORIES, "new", True, "per-row"),  # the batch-invariant mode takes each row alone
-    (STORIES, "new", False, "per-row"),  # no general.file_type: the dearer table
+@pytest.mark.parametrize("model,engine,invariant,row_kernels,table", [
+    (TINYSTORIES, "old", False, True, "batched"),  # Q8_0: llamafile's tiles take several rows at once
+    (TINYSTORIES, "new", False, True, "batched"),
+    (TINYSTORIES, "new", True, True, "per-row"),  # the batch-invariant mode takes each row alone
+    (STORIES, "new", False, True, "per-row"),  # no general.file_type: the dearer table
+    (SMOLLM2, "old", False, True, "per-row"),  # Q4_1: llama.cpp's one-row dot products
+    (SMOLLM2, "new", False, True, "tiled"),  # Q4_1: our kernels, 4 rows by 4
+    (SMOLLM2, "new", True, True, "tiled"),  # ... which give a row's numbers in any batch
+    (SMOLLM2, "new", False, False, "per-row"),  # POLLAMA_ROW_KERNELS=0
 ])
-def test_a_runner_costs_drafted_rows_by_how_its_weights_are_multiplied(model, engine, invariant, table):
+def test_a_runner_costs_drafted_rows_by_how_its_weights_are_multiplied(model, engine, invariant, row_kernels, table):
     """bench/bench_rows.py: the rows of a step cost what the model's weight type's kernels make
     them cost, whatever the architecture (SmolLM2 requantized to Q4_K_M costs as gemma3 does)."""
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", batch_invariant=invariant,
-                              cache_ram=0, cache_disk=0)
+                              row_kernels=row_kernels, cache_ram=0, cache_disk=0)
     r = runner.load(runner.resolve(str(model), cfg), Options().merged({"num_ctx": 256}), cfg)
     try:
         assert r.engine == engine
@@ -69,7 +74,7 @@ def test_the_file_type_names_the_quantization_and_picks_the_table(file_type, nam
     cfg = dataclasses.replace(config.load({}), cache_ram=0, cache_disk=0)
     model = runner.resolve(str(path), cfg)
     assert model.info.quantization == name
-    assert StepCost.of(model.info.quantization).name == table
+    assert StepCost.of(model.info.quantization, kernels.multiplies(ggml_batched=True, tiled=False)).name == table
 
 
 def test_draft_num_predict_is_an_option():

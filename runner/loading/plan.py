@@ -55,6 +55,7 @@ class LoadOptions:
     num_gpu: int = -1  # layers to offload (old engine, GPU build): -1 as many as fit, 0 none (runner.loading.gpu)
     main_gpu: int = 0  # the GPU a model that fits on one goes to (runner.loading.gpu)
     batch_invariant: bool = False  # POLLAMA_BATCH_INVARIANT: rows computed as alone (new engine)
+    row_kernels: bool = True  # POLLAMA_ROW_KERNELS: our Q4_1 kernels for several rows (new engine)
 
     def serves(self, want: LoadOptions) -> bool:
         """Whether a runner loaded with these options serves a request that wants ``want``:
@@ -95,6 +96,7 @@ def load_options(info: ModelInfo, options: Options, cfg: _config.Config,
         main_gpu=options.main_gpu,
         draft=draft_path(info, options, cfg),
         batch_invariant=cfg.batch_invariant,
+        row_kernels=cfg.row_kernels,
     )
 
 

@@ -22,7 +22,7 @@ two batches are alive: one decoding, and the next one being built and prepared m
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class Engine(Protocol):
     n_vocab: int  # token ids are 0 <= id < n_vocab
     memory_size: int  # bytes held besides the weights (KV cache, compute buffers); 0: not known
     kv: KvOps  # the KV-memory operations the slot cache (runner.loop.slots) runs on
+    # how it multiplies the weights by several rows at once, by GGUF file type (runner.ml.kernels):
+    # what a step of drafted rows costs (runner.spec.controller.StepCost.of)
+    multiplies: Mapping[str, str]
 
     @property
     def batch_capacity(self) -> int:

@@ -45,12 +45,16 @@ class BackendOptions:
       with flash attention; a sliding window's cells go round the cache,
       :attr:`CacheConfig.cells_in_order`). Slower: a decode at 2,000 cells ~8%, a prompt ~30%
       (2 threads), ~50% where the tiles took most weights.
+    - ``row_kernels``: multiply Q4_1 weights by several rows at a time with our kernels
+      (``runner/ml/ggml/q4_1.c``), which give GGML's one-row numbers bit for bit (checked at
+      first use); off: GGML's own one-row dot products for every row (benchmarks compare).
     """
 
     num_threads: int | None = None
     flash_attention: bool = True
     max_graph_nodes: int = 8192
     batch_invariant: bool = False
+    row_kernels: bool = True
 
 
 @dataclass(frozen=True)

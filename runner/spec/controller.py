@@ -2,18 +2,21 @@
 its rows cost, per sequence, and drafts only when that beats not drafting.
 
 A decode step of ``1 + k`` rows (the sampled token and ``k`` drafted ones) costs more than one of
-a single row, and how much more depends on how GGML's CPU kernels multiply the model's weights
-(``bench/bench_rows.py`` measures it): Q4_1 and Q5_1 weights have no kernel for several rows, one
-dot product per weight row and batch row, so 2 rows cost 2.2x one, 8 rows 4.5x, 16 rows 7.1x
-(SmolLM2 Q4_1); the other types are repacked or tiled for batches and read once for all rows
-(gemma-3-270m Q4_K_M, and SmolLM2 requantized to Q4_K_M or Q8_0: 16 rows ~5x), but rows past a
-multiple of 4 cost another pass over the weights, so such drafts are 4k - 1 tokens deep. If each
+a single row, and how much more depends on how the CPU kernels multiply the model's weights
+(:mod:`runner.ml.kernels`; ``bench/bench_rows.py`` measures it): GGML has no kernel for several
+rows of Q4_1 or Q5_1 weights, one dot product per weight row and batch row, so 2 rows cost 2.2x
+one, 8 rows 4.5x, 16 rows 7.1x (SmolLM2 Q4_1 in llama.cpp); the other types are repacked or tiled
+for batches and read once for all rows (gemma-3-270m Q4_K_M, and SmolLM2 requantized to Q4_K_M or
+Q8_0: 16 rows ~5x), and the new engine's own Q4_1 kernels hold 4 rows at a time (SmolLM2 Q4_1: 16
+rows 4.4x); rows past a multiple of 4 cost another pass over the weights, so such drafts are
+4k - 1 tokens deep. If each
 drafted token is right with probability ``a`` given that the ones before it were (the sequence's
 *acceptance*), the step yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k``
 pays when that sum over ``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: on
-Q4_1's table, with ``a`` = 0.9 about 8 tokens (1.3x), with every draft right as deep as allowed
-(16 tokens: 2.3x), below ``a`` ~ 0.84 none.
-"Draft long or not at all": a draft of one token never pays (2 tokens for 2.2x the cost).
+the per-row table, with ``a`` = 0.9 about 8 tokens (1.3x), with every draft right as deep as
+allowed (16 tokens: 2.3x), below ``a`` ~ 0.84 none ("draft long or not at all": a draft of one
+token never pays, 2 tokens for 2.2x the cost); on the tiled one, at 0.9 7 tokens (2.1x), and
+drafts of 2-3 tokens from ``a`` ~ 0.4.
 
 Acceptance is learnt per sequence and per kind of guess (:attr:`runner.spec.drafter.Drafter.kinds`:
 prompt lookup's long keys guess far better than its short ones, and the shared pool's 24-token
@@ -45,43 +48,44 @@ lookup always on). The caller says how many other sequences are live.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from ..ml import kernels
 from .drafter import DraftSource, Drafter, NoDrafter
 from .ngram import PromptLookup
 from .pool import NgramPool
 
-#: (rows, cost relative to a one-row decode) where GGML's CPU kernels multiply the weights one row
-#: at a time (Q4_1, Q5_1, and file types not named in :data:`BATCHED_TYPES`): SmolLM2-135M Q4_1
-#: measured to 16 rows (issue 26 notes §D), beyond that extrapolated
+#: (rows, cost relative to a one-row decode) where the weights are multiplied one row at a time
+#: (:data:`runner.ml.kernels.PER_ROW`: Q4_1 and Q5_1 in llama.cpp, every type in the new engine's
+#: batch-invariant mode, file types not known to batch): SmolLM2-135M Q4_1 measured to 16 rows
+#: (issue 26 notes §D), beyond that extrapolated
 ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5), (16, 7.1), (32, 12.0),
                                            (64, 22.0))
 #: GGML's CPU kernels multiply repacked weights (Q4_0, Q4_K, IQ4_NL) 4 rows at a time, with
 #: another pass over the matrix for the rows left over, and llamafile's tiles (Q8_0, Q5_0, ...)
-#: take narrower, slower tiles for them: where a model's weights are mostly of those types, a
-#: step of 4k + j rows costs its table's 4k rows plus a leftover cost of j rows (:data:`ROW_COSTS`).
-#: Measured (2 cores, new engine, after a 400-token prompt, medians of 8): gemma-3-270m Q4_K_M 12
-#: rows 4.09x one, 13 5.21x, 14 5.58x, 15 5.97x, 16 4.56x, and 5 to 7 rows dearer than 8; so its
-#: cheap drafts are 4k - 1 tokens, 31 rather than 32 (33 rows cost ~30% more than 32). SmolLM2's
-#: Q4_1 rows cost about the line (12 rows 4.75x, 13 5.12x, 14 5.39x, 15 5.68x, 16 5.69x)
+#: take narrower, slower tiles for them; our Q4_1 kernels hold 4 activation rows at a time. Where
+#: a model's weights are mostly of those types, a step of 4k + j rows costs its table's 4k rows
+#: plus a leftover cost of j rows (:data:`ROW_COSTS`). Measured (2 cores, new engine, after a
+#: 400-token prompt, medians of 8): gemma-3-270m Q4_K_M 12 rows 4.09x one, 13 5.21x, 14 5.58x,
+#: 15 5.97x, 16 4.56x, and 5 to 7 rows dearer than 8; so its cheap drafts are 4k - 1 tokens, 31
+#: rather than 32 (33 rows cost ~30% more than 32). SmolLM2's Q4_1 rows by GGML's one-row products
+#: cost about the line (12 rows 4.75x, 13 5.12x, 14 5.39x, 15 5.68x, 16 5.69x)
 ROW_GROUP = 4
-#: GGUF file types (``general.file_type``, :attr:`runner.api.ModelInfo.quantization`) whose
-#: weights GGML's CPU kernels multiply for several rows at once: repacked where the CPU allows
-#: (Q4_0, Q4_K, IQ4_NL on AVX2; more types on others), llamafile's tiles (Q8_0, Q5_0, Q4_0, F16,
-#: BF16, F32) or tiled from 8 rows (the K-quants); a mixed file (Q4_K_M: Q4_K, Q6_K, and Q5_0
-#: where rows are too short for K-quants) is all of these. Q4_1 and Q5_1 have none of them
-BATCHED_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q8_0", "Q5_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
-                           "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K"})
-#: the tables by how the weights are multiplied (:meth:`StepCost.of`): "batched", measured on
-#: gemma-3-270m Q4_K_M to 32 rows (2 cores, llama.cpp through the old engine, after a 200-token
-#: prompt) with the leftover costs of 1, 2 and 3 rows past a multiple of :data:`ROW_GROUP`, and
-#: matched by SmolLM2 requantized to Q4_K_M and Q8_0 (``bench/bench_rows.py``); "per-row",
-#: :data:`ROW_COST`. A fixed table, not one measured at load: the depth, and with it which rows are
-#: computed in one batch, must follow from the tokens alone (see above)
+#: the tables by how the weights are multiplied (:mod:`runner.ml.kernels`, :meth:`StepCost.of`):
+#: "batched", GGML's batched kernels, measured on gemma-3-270m Q4_K_M to 32 rows (2 cores,
+#: llama.cpp through the old engine, after a 200-token prompt) with the leftover costs of 1, 2
+#: and 3 rows past a multiple of :data:`ROW_GROUP`, and matched by SmolLM2 requantized to Q4_K_M
+#: and Q8_0; "tiled", our Q4_1 kernels, measured on SmolLM2-135M Q4_1 (new engine, medians of 8:
+#: 2 rows 1.39x, 4 1.69x, 8 2.76x, 16 4.42x, 32 8.02x; 4k + 1, 2, 3 rows ~0.55, 0.85, 0.95 more
+#: than 4k); "per-row", :data:`ROW_COST` (``bench/bench_rows.py`` measures them all). A fixed
+#: table, not one measured at load: the depth, and with it which rows are computed in one batch,
+#: must follow from the tokens alone (see above)
 ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | None]] = {
-    "batched": (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
-                (0.0, 1.05, 1.45, 1.85)),
-    "per-row": (ROW_COST, None),
+    kernels.BATCHED: (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
+                      (0.0, 1.05, 1.45, 1.85)),
+    kernels.TILED: (((1, 1.0), (2, 1.39), (3, 1.47), (4, 1.69), (8, 2.76), (16, 4.42), (32, 8.02), (64, 15.2)),
+                    (0.0, 0.55, 0.85, 0.95)),
+    kernels.PER_ROW: (ROW_COST, None),
 }
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
 #: room for ``1 + MAX_DRAFT`` output rows per sequence)
@@ -111,13 +115,12 @@ class StepCost:
     ``leftover[rows % ROW_GROUP]``."""
 
     @classmethod
-    def of(cls, file_type: str, batched: bool = True) -> "StepCost":
+    def of(cls, file_type: str, kinds: Mapping[str, str]) -> "StepCost":
         """The cost table of a model whose GGUF file type is ``file_type`` (``Q4_K_M``, ``Q4_1``,
-        ...; :attr:`runner.api.ModelInfo.quantization`): "batched" for :data:`BATCHED_TYPES`,
-        else "per-row", the dearer, so that an unknown type drafts less rather than slows down.
-        ``batched`` False: the engine takes every row to the one-row dot products whatever the
-        type (the new engine's ``POLLAMA_BATCH_INVARIANT``), so rows cost as Q4_1's do."""
-        name = "batched" if batched and file_type.upper() in BATCHED_TYPES else "per-row"
+        ...; :attr:`runner.api.ModelInfo.quantization`) on an engine that multiplies several rows
+        as ``kinds`` says (:attr:`runner.loop.engine.Engine.multiplies`): a type it does not name
+        costs "per-row", the dearest, so that an unknown type drafts less rather than slows down."""
+        name = kernels.kind_of(file_type, kinds)
         table, leftover = ROW_COSTS[name]
         return cls(table, leftover, name)
 

@@ -18,7 +18,9 @@ from ...api import Grammar, Image, InvalidModel, LoadError, ModelInfo, NoVision,
 from ...loading.plan import LoadOptions
 from ...loop.embedding import MAX_LANES, batch_size
 from ...loop.slots import ImageInput, Input
+from ...ml import kernels
 from ...ml.backend import BackendOptions
+from ...ml.ggml import q4_1
 from ...model import load_tokenizer
 from ...model.model import Outputs, Prepared
 from ...model.models import Batch, ModelLoadError, supported_architectures
@@ -68,8 +70,11 @@ class GGMLEngine:
         self.info = info
         self.num_ctx, self.num_batch = num_ctx, num_batch
         self.batch_capacity = num_batch  # one cell pool: num_batch tokens a decode in all
+        # GGML's batched kernels (not in the batch-invariant mode), and ours for Q4_1 where they run
+        self.multiplies = kernels.multiplies(ggml_batched=not load.batch_invariant,
+                                             tiled=load.row_kernels and bool(q4_1.variant()))
         options = BackendOptions(num_threads=load.num_thread, flash_attention=load.flash_attention,
-                                 batch_invariant=load.batch_invariant)
+                                 batch_invariant=load.batch_invariant, row_kernels=load.row_kernels)
         try:
             self._tok = load_tokenizer(info.path)
             self.model = load_model(info.path, options)

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import topk
 from ...api import Grammar, Image, InvalidModel, InvalidRequest, LoadError, ModelInfo, NoVision, Options
+from ...ml import kernels
 from ...model import ggufmeta
 from ...loading.gpu import CPU, Placement
 from ...loading.plan import LoadOptions
@@ -153,6 +154,7 @@ class LlamaEngine:
     """:class:`runner.loop.engine.Engine` over llama.cpp."""
 
     name = "old"
+    multiplies = kernels.multiplies(ggml_batched=True, tiled=False)  # llama.cpp's GGML kernels
 
     def __init__(self, info: ModelInfo, load: LoadOptions, placement: Placement = CPU) -> None:
         """``placement``: the layers to offload and where (:mod:`runner.loading.gpu`; the CPU

@@ -31,6 +31,7 @@ from runner.ml.memory import available_memory
 from runner.ml.backend import BackendOptions, CacheConfig
 
 from . import bindings as g
+from . import q4_1
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,10 @@ class GGMLTensor:
         if a_ne[0] != b_ne[0] or b_ne[2] % a_ne[2] or b_ne[3] % a_ne[3]:
             raise ValueError(f"mulmat: {list(a_ne)} x {list(b_ne)} (ne0 must match, ne2/ne3 broadcast)")
         c = self._graph(b)
+        if self.type_id == g.GGML_TYPE.Q4_1 and c.backend.options.row_kernels:
+            ptr = q4_1.product(c, self, b)  # GGML's numbers, several rows at a time
+            if ptr is not None:
+                return GGMLTensor(ptr, c)
         kind = _TILED.get(self.type_id) if c.backend.options.batch_invariant else None
         if kind is not None and a_ne[2:] == (1, 1) and b.type_id == g.GGML_TYPE.F32:
             return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, _rows_apart(c, b, kind)), c)
@@ -488,6 +493,7 @@ class GraphContext:
         self._outputs: set[int] = set()  # tensors already marked as outputs and expanded into the graph
         self.version = 0  # counts the graph's expansions: the allocator places a graph again when it grew
         self.placement = 0  # the allocator's placement its tensors have now (a new one: they moved)
+        self.q8_1_rows: dict[int, int] = {}  # activations' Q8_1 rows for the Q4_1 kernels, by tensor (q4_1.py)
         self._closed = False
 
     # --- inputs ---------------------------------------------------------------------------------

@@ -230,6 +230,9 @@ ggml_cpy = _bind(_base, "ggml_cpy", P, [P, P, P])
 ggml_cast = _bind(_base, "ggml_cast", P, [P, P, c_int])
 ggml_cont = _bind(_base, "ggml_cont", P, [P, P])
 ggml_pad = _bind(_base, "ggml_pad", P, [P, P, c_int, c_int, c_int, c_int])
+# (ctx, type, ne0..ne3, args, n_args, fun (a ggml_custom_op_t's address), n_tasks, userdata)
+ggml_custom_4d = _bind(_base, "ggml_custom_4d", P, [P, c_int, I64, I64, I64, I64, POINTER(P), c_int, P, c_int, P])
+GGML_N_TASKS_MAX = -1
 ggml_cont_2d = _bind(_base, "ggml_cont_2d", P, [P, P, I64, I64])
 ggml_cont_3d = _bind(_base, "ggml_cont_3d", P, [P, P, I64, I64, I64])
 ggml_reshape_1d = _bind(_base, "ggml_reshape_1d", P, [P, P, I64])
@@ -308,6 +311,16 @@ ggml_backend_cpu_init = _bind(_cpu, "ggml_backend_cpu_init", P, [])
 ggml_backend_cpu_set_n_threads = _bind(_cpu, "ggml_backend_cpu_set_n_threads", None, [P, c_int])
 ggml_backend_cpu_set_use_ref = _bind(_cpu, "ggml_backend_cpu_set_use_ref", None, [P, c_bool])
 ggml_cpu_has_avx2 = _bind(_cpu, "ggml_cpu_has_avx2", c_int, [])
+ggml_cpu_init = _bind(_cpu, "ggml_cpu_init", None, [])
+
+
+def cpu_function(name: str) -> int | None:
+    """The address of ``libggml-cpu``'s exported C function ``name`` (kernels handed to our own
+    C code: ``quantize_row_q8_1``, ``ggml_vec_dot_q4_1_q8_1``); None where this build has none."""
+    try:
+        return ctypes.cast(getattr(_cpu, name), ctypes.c_void_p).value
+    except AttributeError:
+        return None
 
 
 def _cpu_repack_buffer_type() -> Callable[[], Any] | None:

@@ -1,0 +1,334 @@
+/* runner.ml.ggml._q4_1: Q4_1 weights times several rows, each row's numbers exactly GGML's.
+
+   GGML's CPU backend has no batched kernel for Q4_1 (none in llamafile's tiles, none repacked):
+   mul_mat quantizes each activation row to Q8_1 and calls ggml_vec_dot_q4_1_q8_1 once per
+   (weight row, activation row), unpacking the weight row's nibbles again for every activation
+   row. A step of n rows then costs about n one-row steps' arithmetic, which is what keeps
+   guessed tokens (issue 26) and prompts dear on such models (SmolLM2-135M Q4_1: a 16-row step
+   7.6x a one-row step, where Q4_K_M or Q8_0 weights cost ~5.5x).
+
+   The two ops here compute the same product with each weight block unpacked once for 4
+   activation rows and 4 weight rows held at a time (16 sums in registers). Every sum is
+   formed in exactly the order ggml_vec_dot_q4_1_q8_1's AVX2 path forms it (x86 quants.c):
+   per block, the 32 products' integer sum in 8 lanes, converted to float and added as
+   fma(d_w * d_x, lanes, acc); m_w * s_x added with a scalar fma; at the end the 8 lanes summed
+   as hsum_float_8 does, then the m*s sum added. Integer sums are exact whichever instruction
+   forms them (maddubs + madd, or VNNI's dpbusd, never saturating at 4 bits times 8), so the
+   results are bit for bit GGML's for a row alone, however many rows come together. The
+   activations are quantized by GGML's own quantize_row_q8_1 (its address is handed in).
+
+   Whether this build and CPU give GGML's numbers is checked, not assumed: check() compares
+   every tile shape against GGML's own dot product on random blocks, and the caller uses the ops
+   only where it finds no difference (runner/ml/ggml/q4_1.py).
+
+   setup(type, ne, nb, src, data, quantize) -> None
+     Byte offsets of struct ggml_tensor's fields (from the ctypes binding, the one place that
+     spells the layout) and the address of GGML's quantize_row_q8_1.
+   variant() -> str
+     "avx512-vnni", "avx2" or "" (this CPU or build has neither: no ops).
+   check(vec_dot) -> int
+     How many of the random products differ from GGML's ggml_vec_dot_q4_1_q8_1 (at the given
+     address) in any bit; -1 without a variant.
+   quantize_op() -> int, product_op() -> int
+     Addresses of the two ggml_custom_op_t callbacks (ggml_custom_4d):
+     quantize: dst I8 [rows * K/32 * 36], src[0] f32 [K, rows] (rows of stride nb[1]): each
+               row quantized to Q8_1 blocks, rows split among the threads.
+     product:  dst f32 [M, rows], src[0] Q4_1 [K, M] contiguous, src[1] the quantize op's
+               output: dst[j][i] = weight row i . activation row j; weight rows split among
+               the threads, 4 at a time. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define Q41_X86 1
+#include <immintrin.h>
+#endif
+
+typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;   /* GGML's block_q4_1 */
+typedef struct { uint16_t d, s; int8_t qs[32]; } block_q8_1;    /* GGML's block_q8_1 */
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 is 20 bytes");
+_Static_assert(sizeof(block_q8_1) == 36, "block_q8_1 is 36 bytes");
+
+typedef void (*quantize_fn)(const float *x, void *y, int64_t k);
+typedef void (*vec_dot_fn)(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
+                           int nrc);
+/* W weight rows (stride xs blocks) times A activation rows (stride ys blocks), nb blocks each;
+   dst[a * ds + w] */
+typedef void (*tile_fn)(const block_q4_1 *x, size_t xs, const block_q8_1 *y, size_t ys, int nb, float *dst,
+                        size_t ds);
+
+#define TILE_W 4  /* weight rows a tile holds */
+#define TILE_A 4  /* activation rows a tile holds */
+#define CHUNK 64  /* weight rows a thread takes through all activation rows before the next ones */
+
+static struct { size_t type, ne, nb, src, data; } OFF;
+static quantize_fn quantize_q8_1;
+static const tile_fn (*TILES)[TILE_A + 1];
+static const char *VARIANT = "";
+
+#define T_NE(t, i) (((const int64_t *)((const char *)(t) + OFF.ne))[i])
+#define T_NB(t, i) (((const size_t *)((const char *)(t) + OFF.nb))[i])
+#define T_SRC(t, i) (((void *const *)((const char *)(t) + OFF.src))[i])
+#define T_DATA(t) (*(void *const *)((const char *)(t) + OFF.data))
+
+#ifdef Q41_X86
+#define AVX2 "avx2,fma,f16c"
+#define VNNI "avx2,fma,f16c,avx512vnni,avx512vl"
+
+/* hsum_float_8 of GGML's x86 quants.c, operation for operation */
+__attribute__((target(AVX2))) static inline float hsum8_avx2(__m256 x) {
+    __m128 r = _mm256_extractf128_ps(x, 1);
+    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* the 32 nibbles of a block as bytes: the low ones first (bytes_from_nibbles_32) */
+__attribute__((target(AVX2))) static inline __m256i nibbles_avx2(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0xF));
+}
+
+/* 8 lanes of integer sums of 4 products each, as floats (mul_sum_us8_pairs_float) */
+__attribute__((target(AVX2))) static inline __m256 lanes_avx2(__m256i qx, __m256i qy) {
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1)));
+}
+
+__attribute__((target(VNNI))) static inline __m256 lanes_vnni(__m256i qx, __m256i qy) {
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy));
+}
+
+#define TILE(V, TARGET, W, A)                                                                          \
+    __attribute__((target(TARGET))) static void tile_##V##_##W##_##A(                                  \
+        const block_q4_1 *x, size_t xs, const block_q8_1 *y, size_t ys, int nb, float *dst, size_t ds) { \
+        __m256 acc[W][A];                                                                              \
+        __m128 ms[W]; /* lane a: the m * s sum of weight row w and activation row a */                  \
+        for (int w = 0; w < W; w++) {                                                                  \
+            ms[w] = _mm_setzero_ps();                                                                  \
+            for (int a = 0; a < A; a++) acc[w][a] = _mm256_setzero_ps();                               \
+        }                                                                                              \
+        for (int ib = 0; ib < nb; ib++) {                                                              \
+            uint16_t sh[4] = {0, 0, 0, 0};                                                             \
+            for (int a = 0; a < A; a++) sh[a] = y[a * ys + ib].s;                                      \
+            const __m128 s = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)sh));                       \
+            __m256i qx[W];                                                                             \
+            __m256 dw[W];                                                                              \
+            for (int w = 0; w < W; w++) {                                                              \
+                const block_q4_1 *b = x + w * xs + ib;                                                 \
+                qx[w] = nibbles_avx2(b->qs);                                                           \
+                dw[w] = _mm256_set1_ps(_cvtsh_ss(b->d));                                               \
+                ms[w] = _mm_fmadd_ps(_mm_set1_ps(_cvtsh_ss(b->m)), s, ms[w]);                          \
+            }                                                                                          \
+            for (int a = 0; a < A; a++) {                                                              \
+                const block_q8_1 *c = y + a * ys + ib;                                                 \
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)c->qs);                         \
+                const __m256 da = _mm256_set1_ps(_cvtsh_ss(c->d));                                     \
+                for (int w = 0; w < W; w++)                                                            \
+                    acc[w][a] = _mm256_fmadd_ps(_mm256_mul_ps(dw[w], da), lanes_##V(qx[w], qy), acc[w][a]); \
+            }                                                                                          \
+        }                                                                                              \
+        for (int w = 0; w < W; w++) {                                                                  \
+            float m[4];                                                                                \
+            _mm_storeu_ps(m, ms[w]);                                                                   \
+            for (int a = 0; a < A; a++) dst[a * ds + w] = hsum8_avx2(acc[w][a]) + m[a];                \
+        }                                                                                              \
+    }
+
+#define TILES_OF(V, TARGET)                                                                            \
+    TILE(V, TARGET, 1, 1) TILE(V, TARGET, 1, 2) TILE(V, TARGET, 1, 3) TILE(V, TARGET, 1, 4)            \
+    TILE(V, TARGET, 2, 1) TILE(V, TARGET, 2, 2) TILE(V, TARGET, 2, 3) TILE(V, TARGET, 2, 4)            \
+    TILE(V, TARGET, 3, 1) TILE(V, TARGET, 3, 2) TILE(V, TARGET, 3, 3) TILE(V, TARGET, 3, 4)            \
+    TILE(V, TARGET, 4, 1) TILE(V, TARGET, 4, 2) TILE(V, TARGET, 4, 3) TILE(V, TARGET, 4, 4)            \
+    static const tile_fn TILES_##V[TILE_W + 1][TILE_A + 1] = {                                         \
+        {0},                                                                                           \
+        {0, tile_##V##_1_1, tile_##V##_1_2, tile_##V##_1_3, tile_##V##_1_4},                           \
+        {0, tile_##V##_2_1, tile_##V##_2_2, tile_##V##_2_3, tile_##V##_2_4},                           \
+        {0, tile_##V##_3_1, tile_##V##_3_2, tile_##V##_3_3, tile_##V##_3_4},                           \
+        {0, tile_##V##_4_1, tile_##V##_4_2, tile_##V##_4_3, tile_##V##_4_4},                           \
+    };
+
+TILES_OF(avx2, AVX2)
+TILES_OF(vnni, VNNI)
+
+static void pick_variant(void) {
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return;
+    /* F16C has no __builtin_cpu_supports name in every GCC: CPUID leaf 1, ECX bit 29 */
+    unsigned int a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+    if (!(c & (1u << 29))) return;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) {
+        TILES = TILES_vnni;
+        VARIANT = "avx512-vnni";
+    } else {
+        TILES = TILES_avx2;
+        VARIANT = "avx2";
+    }
+}
+#else
+static void pick_variant(void) {}
+#endif
+
+/* weight rows [r0, r1) times activation rows [0, n): dst[j * ds + i] */
+static void product_rows(const block_q4_1 *x, size_t xs, int nb, int64_t r0, int64_t r1, const block_q8_1 *y,
+                         int64_t n, float *dst, size_t ds) {
+    for (int64_t c0 = r0; c0 < r1; c0 += CHUNK) {
+        const int64_t c1 = c0 + CHUNK < r1 ? c0 + CHUNK : r1;
+        for (int64_t j = 0; j < n; j += TILE_A) {
+            const int A = n - j < TILE_A ? (int)(n - j) : TILE_A;
+            for (int64_t i = c0; i < c1; i += TILE_W) {
+                const int W = c1 - i < TILE_W ? (int)(c1 - i) : TILE_W;
+                TILES[W][A](x + i * xs, xs, y + j * nb, nb, nb, dst + j * ds + i, ds);
+            }
+        }
+    }
+}
+
+static void quantize_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    const void *src = T_SRC(dst, 0);
+    const int64_t k = T_NE(src, 0), rows = T_NE(src, 1);
+    const size_t row_bytes = (size_t)(k / 32) * sizeof(block_q8_1);
+    const char *x = T_DATA(src);
+    char *q = T_DATA(dst);
+    for (int64_t j = ith; j < rows; j += nth)
+        quantize_q8_1((const float *)(x + j * T_NB(src, 1)), q + j * row_bytes, k);
+}
+
+static void product_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    const void *w = T_SRC(dst, 0), *q = T_SRC(dst, 1);
+    const int64_t k = T_NE(w, 0), m = T_NE(w, 1), n = T_NE(dst, 1);
+    const int nb = (int)(k / 32);
+    /* each thread a run of whole tiles of weight rows */
+    const int64_t tiles = (m + TILE_W - 1) / TILE_W, per = (tiles + nth - 1) / nth;
+    const int64_t r0 = ith * per * TILE_W, r1 = (ith + 1) * per * TILE_W < m ? (ith + 1) * per * TILE_W : m;
+    if (r0 >= r1) return;
+    product_rows(T_DATA(w), T_NB(w, 1) / sizeof(block_q4_1), nb, r0, r1, T_DATA(q), n, T_DATA(dst),
+                 T_NB(dst, 1) / sizeof(float));
+}
+
+/* ------------------------------------------------------------------------------ the check */
+static uint32_t rng_state = 2463534242u;
+static uint32_t rng(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+static uint16_t half_of(float f) {  /* round to nearest even fp16, finite normal range only */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint32_t sign = (u >> 16) & 0x8000u;
+    int32_t e = (int32_t)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = u & 0x7fffffu;
+    if (e <= 0) return (uint16_t)sign;
+    uint32_t h = ((uint32_t)e << 10) | (mant >> 13);
+    const uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng() >> 8) / 16777216.0f; }
+
+/* every tile shape and a few row lengths, against GGML's own dot product */
+static long check_products(vec_dot_fn vec_dot) {
+    static const int lengths[] = {32, 64, 576, 1536};
+    const int64_t m = 11, n = 7; /* tiles of 4, 3 weight rows; 4, 3 activation rows */
+    long differ = 0;
+    for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
+        const int k = lengths[li], nb = k / 32;
+        block_q4_1 *x = malloc(sizeof *x * nb * m);
+        block_q8_1 *y = malloc(sizeof *y * nb * n);
+        float *a = malloc(sizeof *a * k), *ours = malloc(sizeof *ours * m * n);
+        if (!x || !y || !a || !ours) {
+            free(x), free(y), free(a), free(ours);
+            return -2;
+        }
+        for (int64_t i = 0; i < nb * m; i++) {
+            x[i].d = half_of(uniform(1e-4f, 0.05f));
+            x[i].m = half_of(-uniform(0.0f, 0.4f));
+            for (int b = 0; b < 16; b++) x[i].qs[b] = (uint8_t)rng();
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const float scale = uniform(0.01f, 30.0f);
+            for (int i = 0; i < k; i++) a[i] = uniform(-scale, scale);
+            quantize_q8_1(a, y + j * nb, k);
+        }
+        product_rows(x, nb, nb, 0, m, y, n, ours, m);
+        for (int64_t j = 0; j < n; j++)
+            for (int64_t i = 0; i < m; i++) {
+                float theirs;
+                vec_dot(k, &theirs, 0, x + i * nb, 0, y + j * nb, 0, 1);
+                differ += memcmp(&theirs, ours + j * m + i, sizeof theirs) != 0;
+            }
+        free(x), free(y), free(a), free(ours);
+    }
+    return differ;
+}
+
+/* ------------------------------------------------------------------------------- Python */
+static PyObject *setup(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long quantize;
+    if (!PyArg_ParseTuple(args, "nnnnnK", &OFF.type, &OFF.ne, &OFF.nb, &OFF.src, &OFF.data, &quantize))
+        return NULL;
+    quantize_q8_1 = (quantize_fn)(uintptr_t)quantize;
+    Py_RETURN_NONE;
+}
+
+static PyObject *variant(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyUnicode_FromString(VARIANT);
+}
+
+static PyObject *check(PyObject *self, PyObject *arg) {
+    (void)self;
+    const unsigned long long vec_dot = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    if (!TILES || !quantize_q8_1 || !vec_dot) return PyLong_FromLong(-1);
+    long differ;
+    Py_BEGIN_ALLOW_THREADS
+    differ = check_products((vec_dot_fn)(uintptr_t)vec_dot);
+    Py_END_ALLOW_THREADS
+    if (differ == -2) return PyErr_NoMemory();
+    return PyLong_FromLong(differ);
+}
+
+static PyObject *quantize_address(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong((uintptr_t)quantize_op);
+}
+
+static PyObject *product_address(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong((uintptr_t)product_op);
+}
+
+static PyMethodDef methods[] = {
+    {"setup", setup, METH_VARARGS,
+     "setup(type, ne, nb, src, data, quantize): struct ggml_tensor's field offsets and the address of "
+     "GGML's quantize_row_q8_1."},
+    {"variant", variant, METH_NOARGS, "variant() -> 'avx512-vnni', 'avx2' or '' (no kernels here)."},
+    {"check", check, METH_O,
+     "check(vec_dot) -> how many random products differ from GGML's ggml_vec_dot_q4_1_q8_1 at that "
+     "address (-1: no kernels, or setup not called)."},
+    {"quantize_op", quantize_address, METH_NOARGS, "quantize_op() -> the quantize callback's address."},
+    {"product_op", product_address, METH_NOARGS, "product_op() -> the product callback's address."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_q4_1",
+                                    "Q4_1 weights times several rows with GGML's one-row numbers.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__q4_1(void) {
+    pick_variant();
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,74 @@
+"""The new engine's Q4_1 kernels (runner/ml/ggml/q4_1.c): several rows at a time, GGML's numbers.
+
+They replace GGML's one-row dot products only where they give the same bits: checked against
+GGML's own ``ggml_vec_dot_q4_1_q8_1`` when first used, and here through a real model, whose logits
+must not move by one bit with the kernels on or off, for a prompt and for a step of drafted rows.
+How much faster they are: ``bench/bench_rows.py`` (``--engines new,new-ggml``).
+"""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from runner.ml.backend import BackendOptions
+from runner.ml.ggml import bindings as g
+from runner.ml.ggml import q4_1
+from runner.model.models import Batch
+from runner.model.models import load as load_model
+from tests.conftest import SMOLLM2
+
+X86_AVX2 = platform.machine() in ("x86_64", "AMD64") and bool(g.ggml_cpu_has_avx2())
+
+
+@pytest.mark.skipif(not X86_AVX2, reason="the kernels are written for x86-64 with AVX2 (GGML's products elsewhere)")
+def test_the_kernels_run_here_and_their_check_has_teeth():
+    """On an AVX2 machine the kernels pass their check against GGML's dot product; against
+    GGML's scalar reference (the same sums in another order) the same check finds differences,
+    so it compares bits, not closeness."""
+    from runner.ml.ggml import _q4_1
+
+    assert q4_1.variant() in ("avx2", "avx512-vnni")
+    assert _q4_1.check(g.cpu_function("ggml_vec_dot_q4_1_q8_1")) == 0
+    assert _q4_1.check(g.cpu_function("ggml_vec_dot_q4_1_q8_1_generic")) > 0
+
+
+def _logits(row_kernels: bool, flash: bool, monkeypatch) -> tuple[np.ndarray, np.ndarray, list[tuple[int, bool]]]:
+    """SmolLM2's logits for every row of a 300-token prompt and of a 17-row step after it, and
+    the Q4_1 products asked of our kernels: (rows, whether they took it)."""
+    recorded = []
+    product = q4_1.product
+
+    def counting(c, w, b):
+        ptr = product(c, w, b)
+        recorded.append((b.ne[1], ptr is not None))
+        return ptr
+
+    monkeypatch.setattr(q4_1, "product", counting)
+    rng = np.random.default_rng(7)
+    prompt = [int(t) for t in rng.integers(100, 20000, 300)]
+    step = [int(t) for t in rng.integers(100, 20000, 17)]
+    model = load_model(SMOLLM2, BackendOptions(num_threads=2, flash_attention=flash, row_kernels=row_kernels))
+    try:
+        model.init_cache(num_ctx=1024, num_parallel=1, num_batch=512)
+        first = model.compute(Batch.sequence(prompt, all_logits=True)).copy()
+        drafted = model.compute(Batch.sequence(step, start=300, all_logits=True)).copy()
+    finally:
+        model.close()
+    return first, drafted, recorded
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["nofa", "fa"])
+def test_smollm2_s_logits_are_the_same_bits_with_the_kernels(flash, monkeypatch):
+    """SmolLM2-135M Q4_1: 210 of its matrices are Q4_1 (7 a layer). With the kernels, every
+    product of several rows in a prompt and in a step of drafted rows is theirs (one row stays
+    GGML's), and no logit of any row differs from GGML's own products in any bit (so the
+    logits stay llama.cpp's, as test_ggml_models checks against llama.cpp itself)."""
+    first, drafted, asked = _logits(True, flash, monkeypatch)
+    first_ggml, drafted_ggml, not_asked = _logits(False, flash, monkeypatch)
+    if X86_AVX2:
+        assert all(taken == (rows > 1) for rows, taken in asked)
+        assert sum(taken for _, taken in asked) >= 2 * 7 * 30 and not not_asked
+    assert np.array_equal(first, first_ggml) and np.array_equal(drafted, drafted_ggml)
