@@ -5,6 +5,7 @@
 (b) Prompt and decode tokens/s of our runner (old and new engine) vs llama-cpp-python's `Llama`
     class, same model, threads, context and batch.
 (c) Aggregate decode tokens/s of 4 concurrent streams vs 1, per engine.
+"new-ggml" rows: the new engine with POLLAMA_ROW_KERNELS=0 (GGML's one-row Q4_1 products).
 
 Every figure is the median of --runs runs. Run it on a quiet machine:
     python bench/bench_run.py [--runs 3] [--threads N]
@@ -59,10 +60,12 @@ def median(xs):
 
 
 def load(engine: str, threads: int, num_ctx: int = 4096, parallel: int = 1, cache: bool = True):
-    cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"))
+    """``engine``: "old", "new", or "new-ggml" (the new engine with POLLAMA_ROW_KERNELS=0: GGML's
+    one-row products for the Q4_1 weights, as llama.cpp multiplies them)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine != "old", row_kernels=engine != "new-ggml")
     opts = Options(num_ctx=num_ctx, num_thread=threads)
     r = runner.load(runner.resolve(None, cfg), opts, cfg, num_parallel=parallel)
-    assert r.engine == engine
+    assert r.engine == engine.split("-")[0]
     return r
 
 
@@ -114,7 +117,8 @@ def our_speed(engine: str, threads: int, prompt_tokens: list[int], n_gen: int, r
     pp, tg = [], []
     text = r.detokenize(prompt_tokens)
     for _ in range(runs + 1):
-        opts = Options(temperature=0, repeat_penalty=1.0, num_predict=n_gen)
+        # no drafted tokens (issue 26): this is the one-token-a-step rate the `Llama` class has
+        opts = Options(temperature=0, repeat_penalty=1.0, num_predict=n_gen, draft_num_predict=0)
         _, total1, f1, _ = timed(r.stream(Request(prompt=text, raw=True, cache_prompt=False,
                                                     options=dataclasses.replace(opts, num_predict=1))))
         _, total, f, _ = timed(r.stream(Request(prompt=text, raw=True, cache_prompt=False, options=opts)))
@@ -155,7 +159,8 @@ def streams(engine: str, threads: int, n_streams: int, n_gen: int, runs: int) ->
 
         def work(i):
             _, _, f, _ = timed(r.stream(Request(prompt=prompts[i], raw=True, cache_prompt=False,
-                                                  options=Options(temperature=0, num_predict=n_gen))))
+                                                  options=Options(temperature=0, num_predict=n_gen,
+                                                                  draft_num_predict=0))))
             counts[i] = f.metrics.eval_count
 
         t0 = time.perf_counter()
@@ -207,6 +212,8 @@ def main() -> None:
             "llama-cpp-python `Llama` class": (llama_class_speed, (args.threads, prompt, n_gen, args.runs)),
             "pollama, old engine (llama.cpp)": (our_speed, ("old", args.threads, prompt, n_gen, args.runs)),
             "pollama, new engine (our GGML graph)": (our_speed, ("new", args.threads, prompt, n_gen, args.runs)),
+            "pollama, new engine, POLLAMA_ROW_KERNELS=0": (our_speed, ("new-ggml", args.threads, prompt, n_gen,
+                                                                       args.runs)),
         }
         results = {name: isolated(fn, *fn_args) for name, (fn, fn_args) in jobs.items()}
         base_pp, base_tg, _ = results["llama-cpp-python `Llama` class"]
@@ -222,7 +229,7 @@ def main() -> None:
         print("(c) aggregate decode tok/s, concurrent streams in one runner (num_parallel 4, 96 tokens each)\n")
         print("| engine | 1 stream | 4 streams | 4 / 1 |")
         print("|---|---:|---:|---:|")
-        for engine in ("old", "new"):
+        for engine in ("old", "new", "new-ggml"):
             one = isolated(streams, engine, args.threads, 1, 96, args.runs)
             four = isolated(streams, engine, args.threads, 4, 96, args.runs)
             print(f"| {engine} | {one:.1f} | {four:.1f} | {four / one:.2f}× |")
