@@ -7,7 +7,8 @@
 (c) Aggregate decode tokens/s of 4 concurrent streams vs 1, per engine.
 "new-ggml" rows: the new engine with POLLAMA_ROW_KERNELS=0 (GGML's one-row Q4_1 products).
 
-Every figure is the median of --runs runs. Run it on a quiet machine:
+Every figure is the median of --runs runs; in (b) and (c) the runners' runs are interleaved, each
+in a fresh process. Run it on a quiet machine:
     python bench/bench_run.py [--runs 3] [--threads N]
 """
 
@@ -154,7 +155,7 @@ def streams(engine: str, threads: int, n_streams: int, n_gen: int, runs: int) ->
     prompts = ["Once upon a time in a small village", "The history of the printing press",
                "Here is a recipe for bread:", "The planets of the solar system are"]
     rates = []
-    for _ in range(runs):
+    for _ in range(runs + 1):  # the first builds the graphs: not counted
         counts = [0] * n_streams
 
         def work(i):
@@ -171,7 +172,7 @@ def streams(engine: str, threads: int, n_streams: int, n_gen: int, runs: int) ->
             t.join()
         rates.append(sum(counts) / (time.perf_counter() - t0))
     r.close()
-    return median(rates)
+    return median(rates[1:])
 
 
 def isolated(fn, *args):
@@ -215,7 +216,14 @@ def main() -> None:
             "pollama, new engine, POLLAMA_ROW_KERNELS=0": (our_speed, ("new-ggml", args.threads, prompt, n_gen,
                                                                        args.runs)),
         }
-        results = {name: isolated(fn, *fn_args) for name, (fn, fn_args) in jobs.items()}
+        # rounds interleaved across the runners (a fresh process each), medians over the rounds: a
+        # shared machine's load then weighs on every runner alike
+        rounds: dict[str, list] = {name: [] for name in jobs}
+        for _ in range(args.runs):
+            for name, (fn, fn_args) in jobs.items():
+                rounds[name].append(isolated(fn, *fn_args[:-1], 1))
+        results = {name: (median([r[0] for r in rs]), median([r[1] for r in rs]), rs[-1][2])
+                   for name, rs in rounds.items()}
         base_pp, base_tg, _ = results["llama-cpp-python `Llama` class"]
         old_pp, old_tg, _ = results["pollama, old engine (llama.cpp)"]
         print(f"(b) prompt ({len(prompt)} tokens) and decode ({n_gen} tokens) speed, same model and settings\n")
@@ -229,9 +237,14 @@ def main() -> None:
         print("(c) aggregate decode tok/s, concurrent streams in one runner (num_parallel 4, 96 tokens each)\n")
         print("| engine | 1 stream | 4 streams | 4 / 1 |")
         print("|---|---:|---:|---:|")
-        for engine in ("old", "new", "new-ggml"):
-            one = isolated(streams, engine, args.threads, 1, 96, args.runs)
-            four = isolated(streams, engine, args.threads, 4, 96, args.runs)
+        engines = ("old", "new", "new-ggml")
+        rates: dict[tuple[str, int], list[float]] = {(e, n): [] for e in engines for n in (1, 4)}
+        for _ in range(args.runs):  # interleaved, as (b)
+            for engine in engines:
+                for n in (1, 4):
+                    rates[(engine, n)].append(isolated(streams, engine, args.threads, n, 96, 1))
+        for engine in engines:
+            one, four = median(rates[(engine, 1)]), median(rates[(engine, 4)])
             print(f"| {engine} | {one:.1f} | {four:.1f} | {four / one:.2f}× |")
         print()
 
