@@ -8,15 +8,14 @@ rows of Q4_1 or Q5_1 weights, one dot product per weight row and batch row, so 2
 one, 8 rows 4.5x, 16 rows 7.1x (SmolLM2 Q4_1 in llama.cpp); the other types are repacked or tiled
 for batches and read once for all rows (gemma-3-270m Q4_K_M, and SmolLM2 requantized to Q4_K_M or
 Q8_0: 16 rows ~5x), and the new engine's own Q4_1 kernels hold 4 rows at a time (SmolLM2 Q4_1: 16
-rows 4.4x); rows past a multiple of 4 cost another pass over the weights, so such drafts are
-4k - 1 tokens deep. If each
-drafted token is right with probability ``a`` given that the ones before it were (the sequence's
+rows 4.4-5.5x); rows past a multiple of 4 cost another pass over the weights, so such drafts are
+4k - 1 tokens deep. If each drafted token is right with probability ``a`` given that the ones before it were (the sequence's
 *acceptance*), the step yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k``
 pays when that sum over ``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: on
 the per-row table, with ``a`` = 0.9 about 8 tokens (1.3x), with every draft right as deep as
 allowed (16 tokens: 2.3x), below ``a`` ~ 0.84 none ("draft long or not at all": a draft of one
-token never pays, 2 tokens for 2.2x the cost); on the tiled one, at 0.9 7 tokens (2.1x), and
-drafts of 2-3 tokens from ``a`` ~ 0.4.
+token never pays, 2 tokens for 2.2x the cost); on the tiled one, at 0.9 6 tokens (1.9x), and
+drafts of 3 tokens from ``a`` ~ 0.55.
 
 Acceptance is learnt per sequence and per kind of guess (:attr:`runner.spec.drafter.Drafter.kinds`:
 prompt lookup's long keys guess far better than its short ones, and the shared pool's 24-token
@@ -75,16 +74,17 @@ ROW_GROUP = 4
 #: "batched", GGML's batched kernels, measured on gemma-3-270m Q4_K_M to 32 rows (2 cores,
 #: llama.cpp through the old engine, after a 200-token prompt) with the leftover costs of 1, 2
 #: and 3 rows past a multiple of :data:`ROW_GROUP`, and matched by SmolLM2 requantized to Q4_K_M
-#: and Q8_0; "tiled", our Q4_1 kernels, measured on SmolLM2-135M Q4_1 (new engine, medians of 8:
-#: 2 rows 1.39x, 4 1.69x, 8 2.76x, 16 4.42x, 32 8.02x; 4k + 1, 2, 3 rows ~0.55, 0.85, 0.95 more
-#: than 4k); "per-row", :data:`ROW_COST` (``bench/bench_rows.py`` measures them all). A fixed
+#: and Q8_0; "tiled", our Q4_1 kernels, measured on SmolLM2-135M Q4_1 (new engine, the median of
+#: three runs of medians of 6-8 rounds, whose 16 rows read 4.42x, 4.92x and 5.54x on this shared
+#: machine: 2 rows 1.51x, 4 1.91x, 8 3.16x, 16 4.92x, 32 8.71x; 4k + 1, 2, 3 rows ~0.6, 0.8, 0.9
+#: more than 4k); "per-row", :data:`ROW_COST` (``bench/bench_rows.py`` measures them all). A fixed
 #: table, not one measured at load: the depth, and with it which rows are computed in one batch,
 #: must follow from the tokens alone (see above)
 ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | None]] = {
     kernels.BATCHED: (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
                       (0.0, 1.05, 1.45, 1.85)),
-    kernels.TILED: (((1, 1.0), (2, 1.39), (3, 1.47), (4, 1.69), (8, 2.76), (16, 4.42), (32, 8.02), (64, 15.2)),
-                    (0.0, 0.55, 0.85, 0.95)),
+    kernels.TILED: (((1, 1.0), (2, 1.51), (3, 1.84), (4, 1.91), (8, 3.16), (16, 4.92), (32, 8.71), (64, 16.3)),
+                    (0.0, 0.6, 0.8, 0.9)),
     kernels.PER_ROW: (ROW_COST, None),
 }
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
