@@ -188,7 +188,11 @@ def test_a_shared_system_prompt_is_stored_once(tmp_path, new_engine):
     batch rounds otherwise, and SmolLM2's greedy answers part at near ties (measured: one word in
     the fifth token of A's second answer). The new engine runs with flash attention: without it
     the attention rounds by where the cells sit in the pool, which four slots share otherwise
-    (measured: B's first answer parted in its fourth token; see tests/test_kvstore_ggml.py)."""
+    (measured: B's first answer parted in its fourth token; see tests/test_kvstore_ggml.py); and
+    in the batch-invariant mode: GGML otherwise splits a lone row's flash attention across threads
+    by the span of cells it is handed, wider in a pool four slots share (measured: once the draft
+    controller drafted SmolLM2's first answers in other steps, cef6700, A's second answer, drafted
+    in neither server and evaluated from the same 370 cached tokens, parted at its sixth token)."""
     system = {"role": "system", "content": "You answer questions about the keeper's log.\n\n" + DOC * 3}
     a = [system, {"role": "user", "content": "How many steps were there?"}]
     b = [system, {"role": "user", "content": "Who taught the keeper to count?"}]
@@ -210,7 +214,8 @@ def test_a_shared_system_prompt_is_stored_once(tmp_path, new_engine):
             hits.append(cached(reply))
         return answers, ram, hits
 
-    engine = {"OLLAMA_NEW_ENGINE": new_engine, "OLLAMA_FLASH_ATTENTION": new_engine}
+    engine = {"OLLAMA_NEW_ENGINE": new_engine, "OLLAMA_FLASH_ATTENTION": new_engine,
+              "POLLAMA_BATCH_INVARIANT": new_engine}
     plain = serve(tmp_path / "plain", OLLAMA_CACHE_RAM="0", POLLAMA_CACHE_DISK="0", OLLAMA_NUM_PARALLEL="4",
                   OLLAMA_MULTIUSER_CACHE="1", **engine)
     try:
