@@ -26,9 +26,11 @@
      spells the layout) and the address of GGML's quantize_row_q8_1.
    variant() -> str
      "avx512-vnni", "avx2" or "" (this CPU or build has neither: no ops).
-   check(vec_dot) -> int
+   variants() -> tuple
+     The variants this CPU runs, the one in use first (a VNNI machine runs both).
+   check(vec_dot[, variant]) -> int
      How many of the random products differ from GGML's ggml_vec_dot_q4_1_q8_1 (at the given
-     address) in any bit; -1 without a variant.
+     address) in any bit, by the variant in use or the one named; -1 without it.
    quantize_op() -> int, product_op() -> int
      Addresses of the two ggml_custom_op_t callbacks (ggml_custom_4d):
      quantize: dst I8 [rows * K/32 * 36], src[0] f32 [K, rows] (rows of stride nb[1]): each
@@ -65,9 +67,14 @@ typedef void (*tile_fn)(const block_q4_1 *x, size_t xs, const block_q8_1 *y, siz
 #define TILE_A 4  /* activation rows a tile holds */
 #define CHUNK 64  /* weight rows a thread takes through all activation rows before the next ones */
 
+typedef const tile_fn (*tile_table)[TILE_A + 1];
+
 static struct { size_t type, ne, nb, src, data; } OFF;
 static quantize_fn quantize_q8_1;
-static const tile_fn (*TILES)[TILE_A + 1];
+/* the variants this CPU runs, the fastest first; the ops use the first */
+static struct { const char *name; tile_table tiles; } RUNS[2];
+static int n_runs;
+static tile_table TILES;
 static const char *VARIANT = "";
 
 #define T_NE(t, i) (((const int64_t *)((const char *)(t) + OFF.ne))[i])
@@ -163,27 +170,28 @@ static void pick_variant(void) {
     __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
     if (!(c & (1u << 29))) return;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) {
-        TILES = TILES_vnni;
-        VARIANT = "avx512-vnni";
-    } else {
-        TILES = TILES_avx2;
-        VARIANT = "avx2";
+        RUNS[n_runs].name = "avx512-vnni";
+        RUNS[n_runs++].tiles = TILES_vnni;
     }
+    RUNS[n_runs].name = "avx2";
+    RUNS[n_runs++].tiles = TILES_avx2;
+    TILES = RUNS[0].tiles;
+    VARIANT = RUNS[0].name;
 }
 #else
 static void pick_variant(void) {}
 #endif
 
-/* weight rows [r0, r1) times activation rows [0, n): dst[j * ds + i] */
-static void product_rows(const block_q4_1 *x, size_t xs, int nb, int64_t r0, int64_t r1, const block_q8_1 *y,
-                         int64_t n, float *dst, size_t ds) {
+/* weight rows [r0, r1) times activation rows [0, n): dst[j * ds + i], by the tiles of ``tiles`` */
+static void product_rows(tile_table tiles, const block_q4_1 *x, size_t xs, int nb, int64_t r0, int64_t r1,
+                         const block_q8_1 *y, int64_t n, float *dst, size_t ds) {
     for (int64_t c0 = r0; c0 < r1; c0 += CHUNK) {
         const int64_t c1 = c0 + CHUNK < r1 ? c0 + CHUNK : r1;
         for (int64_t j = 0; j < n; j += TILE_A) {
             const int A = n - j < TILE_A ? (int)(n - j) : TILE_A;
             for (int64_t i = c0; i < c1; i += TILE_W) {
                 const int W = c1 - i < TILE_W ? (int)(c1 - i) : TILE_W;
-                TILES[W][A](x + i * xs, xs, y + j * nb, nb, nb, dst + j * ds + i, ds);
+                tiles[W][A](x + i * xs, xs, y + j * nb, nb, nb, dst + j * ds + i, ds);
             }
         }
     }
@@ -209,7 +217,7 @@ static void product_op(void *dst, int ith, int nth, void *userdata) {
     const int64_t tiles = (m + TILE_W - 1) / TILE_W, per = (tiles + nth - 1) / nth;
     const int64_t r0 = ith * per * TILE_W, r1 = (ith + 1) * per * TILE_W < m ? (ith + 1) * per * TILE_W : m;
     if (r0 >= r1) return;
-    product_rows(T_DATA(w), T_NB(w, 1) / sizeof(block_q4_1), nb, r0, r1, T_DATA(q), n, T_DATA(dst),
+    product_rows(TILES, T_DATA(w), T_NB(w, 1) / sizeof(block_q4_1), nb, r0, r1, T_DATA(q), n, T_DATA(dst),
                  T_NB(dst, 1) / sizeof(float));
 }
 
@@ -238,7 +246,7 @@ static uint16_t half_of(float f) {  /* round to nearest even fp16, finite normal
 static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng() >> 8) / 16777216.0f; }
 
 /* every tile shape and a few row lengths, against GGML's own dot product */
-static long check_products(vec_dot_fn vec_dot) {
+static long check_products(tile_table tiles, vec_dot_fn vec_dot) {
     static const int lengths[] = {32, 64, 576, 1536};
     const int64_t m = 11, n = 7; /* tiles of 4, 3 weight rows; 4, 3 activation rows */
     long differ = 0;
@@ -261,7 +269,7 @@ static long check_products(vec_dot_fn vec_dot) {
             for (int i = 0; i < k; i++) a[i] = uniform(-scale, scale);
             quantize_q8_1(a, y + j * nb, k);
         }
-        product_rows(x, nb, nb, 0, m, y, n, ours, m);
+        product_rows(tiles, x, nb, nb, 0, m, y, n, ours, m);
         for (int64_t j = 0; j < n; j++)
             for (int64_t i = 0; i < m; i++) {
                 float theirs;
@@ -288,14 +296,28 @@ static PyObject *variant(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(VARIANT);
 }
 
-static PyObject *check(PyObject *self, PyObject *arg) {
+static PyObject *variants(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *names = PyTuple_New(n_runs);
+    for (int i = 0; names && i < n_runs; i++) PyTuple_SET_ITEM(names, i, PyUnicode_FromString(RUNS[i].name));
+    return names;
+}
+
+static PyObject *check(PyObject *self, PyObject *args) {
     (void)self;
-    const unsigned long long vec_dot = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred()) return NULL;
-    if (!TILES || !quantize_q8_1 || !vec_dot) return PyLong_FromLong(-1);
+    unsigned long long vec_dot;
+    const char *name = NULL;
+    if (!PyArg_ParseTuple(args, "K|s", &vec_dot, &name)) return NULL;
+    tile_table tiles = TILES;
+    if (name) {
+        tiles = NULL;
+        for (int i = 0; i < n_runs; i++)
+            if (strcmp(RUNS[i].name, name) == 0) tiles = RUNS[i].tiles;
+    }
+    if (!tiles || !quantize_q8_1 || !vec_dot) return PyLong_FromLong(-1);
     long differ;
     Py_BEGIN_ALLOW_THREADS
-    differ = check_products((vec_dot_fn)(uintptr_t)vec_dot);
+    differ = check_products(tiles, (vec_dot_fn)(uintptr_t)vec_dot);
     Py_END_ALLOW_THREADS
     if (differ == -2) return PyErr_NoMemory();
     return PyLong_FromLong(differ);
@@ -316,9 +338,10 @@ static PyMethodDef methods[] = {
      "setup(type, ne, nb, src, data, quantize): struct ggml_tensor's field offsets and the address of "
      "GGML's quantize_row_q8_1."},
     {"variant", variant, METH_NOARGS, "variant() -> 'avx512-vnni', 'avx2' or '' (no kernels here)."},
-    {"check", check, METH_O,
-     "check(vec_dot) -> how many random products differ from GGML's ggml_vec_dot_q4_1_q8_1 at that "
-     "address (-1: no kernels, or setup not called)."},
+    {"variants", variants, METH_NOARGS, "variants() -> the variants this CPU runs, the one in use first."},
+    {"check", check, METH_VARARGS,
+     "check(vec_dot[, variant]) -> how many random products differ from GGML's ggml_vec_dot_q4_1_q8_1 at "
+     "that address, by the variant in use or the one named (-1: no kernels, or setup not called)."},
     {"quantize_op", quantize_address, METH_NOARGS, "quantize_op() -> the quantize callback's address."},
     {"product_op", product_address, METH_NOARGS, "product_op() -> the product callback's address."},
     {NULL, NULL, 0, NULL},
