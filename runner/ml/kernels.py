@@ -12,8 +12,9 @@ engine says how it multiplies (:attr:`runner.loop.engine.Engine.multiplies`), fr
 - :data:`TILED`: our kernels for Q4_1 (``runner/ml/ggml/q4_1.c``, the new engine's), 4 weight
   rows by 4 activation rows at a time, with GGML's one-row numbers.
 - :data:`PER_ROW`: everything else, GGML's one-row dot products once per weight row and batch
-  row (Q4_1 and Q5_1 in llama.cpp; every type in the new engine's batch-invariant mode): rows
-  cost nearly as much as steps of their own. A type not named costs so, the dearer guess.
+  row (Q4_1 and Q5_1 in llama.cpp; every type but Q4_1 in the new engine's batch-invariant mode,
+  where our kernels, exact for a row in any batch, still run): rows cost nearly as much as steps
+  of their own. A type not named costs so, the dearer guess.
 """
 
 from __future__ import annotations

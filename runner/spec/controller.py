@@ -55,8 +55,8 @@ from .ngram import PromptLookup
 from .pool import NgramPool
 
 #: (rows, cost relative to a one-row decode) where the weights are multiplied one row at a time
-#: (:data:`runner.ml.kernels.PER_ROW`: Q4_1 and Q5_1 in llama.cpp, every type in the new engine's
-#: batch-invariant mode, file types not known to batch): SmolLM2-135M Q4_1 measured to 16 rows
+#: (:data:`runner.ml.kernels.PER_ROW`: Q4_1 and Q5_1 in llama.cpp, every type but Q4_1 in the new
+#: engine's batch-invariant mode, file types not known to batch): SmolLM2-135M Q4_1 measured to 16 rows
 #: (issue 26 notes §D), beyond that extrapolated
 ROW_COST: tuple[tuple[int, float], ...] = ((1, 1.0), (2, 2.2), (4, 3.1), (8, 4.5), (16, 7.1), (32, 12.0),
                                            (64, 22.0))
