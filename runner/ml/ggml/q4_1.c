@@ -21,7 +21,7 @@
    every tile shape against GGML's own dot product on random blocks, and the caller uses the ops
    only where it finds no difference (runner/ml/ggml/q4_1.py).
 
-   setup(type, ne, nb, src, data, quantize) -> None
+   setup(ne, nb, src, data, quantize) -> None
      Byte offsets of struct ggml_tensor's fields (from the ctypes binding, the one place that
      spells the layout) and the address of GGML's quantize_row_q8_1.
    variant() -> str
@@ -69,7 +69,7 @@ typedef void (*tile_fn)(const block_q4_1 *x, size_t xs, const block_q8_1 *y, siz
 
 typedef const tile_fn (*tile_table)[TILE_A + 1];
 
-static struct { size_t type, ne, nb, src, data; } OFF;
+static struct { size_t ne, nb, src, data; } OFF;
 static quantize_fn quantize_q8_1;
 /* the variants this CPU runs, the fastest first; the ops use the first */
 static struct { const char *name; tile_table tiles; } RUNS[2];
@@ -285,7 +285,7 @@ static long check_products(tile_table tiles, vec_dot_fn vec_dot) {
 static PyObject *setup(PyObject *self, PyObject *args) {
     (void)self;
     unsigned long long quantize;
-    if (!PyArg_ParseTuple(args, "nnnnnK", &OFF.type, &OFF.ne, &OFF.nb, &OFF.src, &OFF.data, &quantize))
+    if (!PyArg_ParseTuple(args, "nnnnK", &OFF.ne, &OFF.nb, &OFF.src, &OFF.data, &quantize))
         return NULL;
     quantize_q8_1 = (quantize_fn)(uintptr_t)quantize;
     Py_RETURN_NONE;
@@ -335,7 +335,7 @@ static PyObject *product_address(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
-     "setup(type, ne, nb, src, data, quantize): struct ggml_tensor's field offsets and the address of "
+     "setup(ne, nb, src, data, quantize): struct ggml_tensor's field offsets and the address of "
      "GGML's quantize_row_q8_1."},
     {"variant", variant, METH_NOARGS, "variant() -> 'avx512-vnni', 'avx2' or '' (no kernels here)."},
     {"variants", variants, METH_NOARGS, "variants() -> the variants this CPU runs, the one in use first."},

@@ -47,7 +47,7 @@ def kernels() -> tuple[int, int, str] | None:
         return None
     g.ggml_cpu_init()  # GGML's fp16 tables, which its dot product reads
     t = g.ggml_tensor
-    _q4_1.setup(t.type.offset, t.ne.offset, t.nb.offset, t.src.offset, t.data.offset, quantize)
+    _q4_1.setup(t.ne.offset, t.nb.offset, t.src.offset, t.data.offset, quantize)
     differ = _q4_1.check(vec_dot)
     if differ:
         log.warning("Q4_1 row kernels: %d of GGML's products differ on this CPU; GGML's one-row products", differ)
