@@ -9,7 +9,9 @@ from runner.spec.ngram import PromptLookup
 
 
 def scan(history: list[int], pending: int, sizes, limit: int) -> list[int]:
-    """llama.cpp's way, a backward scan per key size: the reference."""
+    """llama.cpp's way, a backward scan per key size, then a copy of what followed that may read
+    its own output (LZ77's overlapping copy: a text that repeats goes on repeating): the
+    reference."""
     seq = history + [pending]
     for n in sorted(sizes, reverse=True):
         if len(seq) < n:
@@ -17,7 +19,10 @@ def scan(history: list[int], pending: int, sizes, limit: int) -> list[int]:
         key = seq[-n:]
         for j in range(len(history) - n, -1, -1):  # an occurrence with a token after it in history
             if history[j : j + n] == key and j + n < len(history):
-                return history[j + n : j + n + limit]
+                text = list(seq)
+                for i in range(limit):
+                    text.append(text[j + n + i])
+                return text[len(seq):]
     return []
 
 
@@ -43,12 +48,25 @@ def test_keys_of_12_tokens_guess_long_and_shorter_ones_share_one_kind():
         assert lookup.propose([text[11]], 3) == text[12:15] and lookup.kind == "short"
 
 
-def test_continuation_up_to_the_limit_and_the_history_end():
+def test_continuation_up_to_the_limit_and_past_the_history_end():
     lookup = PromptLookup([1, 2, 3, 4, 5, 6, 1, 2, 3], sizes=(4,))
-    assert lookup.propose([4], 10) == [5, 6, 1, 2, 3]
+    # what followed "1 2 3 4" runs into the pending 4: the text repeats every 6 tokens, and the
+    # guess goes on repeating it
+    assert lookup.propose([4], 10) == [5, 6, 1, 2, 3, 4, 5, 6, 1, 2]
     assert lookup.propose([4], 2) == [5, 6]
     assert lookup.propose([4], 0) == []
     assert PromptLookup([1, 2, 3], sizes=(4,)).propose([4], 5) == []
+
+
+def test_a_loop_is_guessed_as_deep_as_asked():
+    """A model caught in a loop of 6 tokens: every key's latest occurrence is one period back, so
+    what followed it runs into the present after 5 tokens; the guess continues the period
+    (llama.cpp's lookup stops there, and 5-token guesses cap the gain)."""
+    loop = [11, 12, 13, 14, 15, 16]
+    lookup = PromptLookup([1, 2, 3], sizes=(12, 4))
+    generated = loop * 3
+    assert lookup.propose(generated, 16) == (loop * 4)[:16]
+    assert lookup.kind == "long"
 
 
 def test_only_emitted_tokens_enter_the_history():
@@ -100,4 +118,4 @@ def test_a_long_history_forgets_its_oldest_half():
     assert lookup.propose(generated, 3) == []  # the prompt's "1 2 3" is forgotten
     assert len(lookup._history) <= 16
     generated += [2, 7, 1]
-    assert lookup.propose(generated, 3) == [2, 7]  # learnt from the output after forgetting
+    assert lookup.propose(generated, 3) == [2, 7, 1]  # learnt from the output after forgetting

@@ -38,6 +38,14 @@ MAX_HISTORY = 1 << 16
 _BARRIER = -1  # an image position in the history
 
 
+def _repeat(period: list[int], limit: int) -> list[int]:
+    """``limit`` tokens of ``period`` over and over: the guess when the key's latest occurrence is
+    so recent that what followed it runs into the pending token, i.e. the text repeats with that
+    period (what followed it then is what follows now, the draft included: LZ77's overlapping
+    copy)."""
+    return (period * (limit // len(period) + 1))[:limit]
+
+
 def _kind(key: int) -> str:
     """The kind of a guess found by a key of ``key`` tokens."""
     return "long" if key >= LONG_KEY else "short"
@@ -95,6 +103,8 @@ class PromptLookup:
             draft = history[start + n : start + n + limit]
             if _BARRIER in draft:
                 draft = draft[: draft.index(_BARRIER)]
+            elif len(draft) < limit:
+                draft = _repeat(history[start + n :] + [pending], limit)
             if draft:
                 self.kind = _kind(n)
                 return draft
