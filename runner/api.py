@@ -92,7 +92,9 @@ class DoneReason(str, enum.Enum):
 
 @dataclass
 class Options:
-    """Ollama's options with Ollama's defaults (reference §5.3, PRE values).
+    """Ollama's options with Ollama's defaults (reference §5.3; ``repeat_penalty`` is HEAD's 1.0:
+    Ollama dropped PRE's 1.1 in 6a261db7d, as llama.cpp had in 2024, because a penalty no model
+    maker recommends also makes the target reject guesses its own text would confirm).
 
     ``num_ctx`` 0 means "the configured default" (``OLLAMA_CONTEXT_LENGTH``, else 4096), clamped to
     the model's trained context at load.
@@ -108,7 +110,7 @@ class Options:
     typical_p: float = 1.0
     repeat_last_n: int = 64
     temperature: float = 0.8
-    repeat_penalty: float = 1.1
+    repeat_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop: list[str] = field(default_factory=list)

@@ -58,7 +58,7 @@ class SamplerOptions:
     min_p: float = 0.0
     typical_p: float = 1.0
     seed: int = -1
-    repeat_penalty: float = 1.1
+    repeat_penalty: float = 1.0
     repeat_last_n: int = 64  # 0: off, -1: the whole context (num_ctx)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
