@@ -23,9 +23,9 @@ as bench_decode.py builds llama-bench) runs the same prompt text through ``/comp
 ``ngram-simple`` and ``ngram-mod`` (their defaults), its ``timings.predicted_per_second``. Then 4
 parallel streams in one runner (num_parallel 4): aggregate tok/s with and without drafts.
 
-Both pollama and llama-server get Ollama's repeat penalty (1.1 over 64 tokens), pollama's default;
-``--repeat-penalty 1`` turns it off in both (llama-server's default). It decides whether SmolLM2
-copies: penalised, it rewords what it should repeat.
+Both pollama and llama-server get pollama's repeat penalty: none by default (1.0, Ollama's since
+v0.33 and llama-server's); ``--repeat-penalty 1.1`` gives both Ollama's old one (over 64 tokens).
+It decides whether SmolLM2 copies: penalised, it rewords what it should repeat.
 
 Runs are interleaved (no drafts, drafts, no drafts, ...) and medians reported; the load average is
 printed: on this 2-core machine, repeat a run whose load average is above ~0.5.
@@ -200,9 +200,8 @@ def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth:
 
 
 #: the repeat penalty of both pollama's and llama-server's requests (``--repeat-penalty``): by
-#: default Ollama's (1.1 over 64 tokens), which pollama's requests get unless they say otherwise;
-#: llama-server's own default is none, and with it gemma3 answered the story and the explanation
-#: with other texts from the second token on ("Explain in" where pollama said "Explain the")
+#: default pollama's, none (1.0, Ollama's since v0.33 and llama-server's), over pollama's 64
+#: tokens; ``--repeat-penalty 1.1`` gives both the penalty Ollama applied before
 PENALTY = {"repeat_penalty": Options().repeat_penalty, "repeat_last_n": Options().repeat_last_n}
 
 
@@ -256,8 +255,8 @@ def main() -> None:
     ap.add_argument("--invariant", choices=("off", "on"), default="off",
                     help="the new engine's batch-invariant kernels (POLLAMA_BATCH_INVARIANT; default off)")
     ap.add_argument("--repeat-penalty", type=float, default=Options().repeat_penalty,
-                    help="repeat penalty of both pollama's and llama-server's requests (default Ollama's, 1.1; "
-                         "1 is none, llama-server's default)")
+                    help="repeat penalty of both pollama's and llama-server's requests (default pollama's, 1: "
+                         "none, as Ollama's since v0.33 and llama-server's; 1.1 is Ollama's before)")
     ap.add_argument("--fa", choices=("off", "on"), default="off",
                     help="flash attention in both pollama and llama-server (default off, pollama's default)")
     a = ap.parse_args()

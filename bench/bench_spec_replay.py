@@ -2,7 +2,7 @@
 measured step costs, free of the noise of texts that part (issue 26).
 
     python bench/bench_spec_replay.py [--models smollm2,smollm2-q4_k_m,smollm2-q8_0,gemma3]
-                                      [--penalties 1.1,1] [--rounds 4] [--tables per-row,batched]
+                                      [--penalties 1,1.1] [--rounds 4] [--tables per-row,batched]
                                       [--priors 0.85,0.9]
 
 bench_spec.py measures real decoding, but its drafted answers part from the undrafted ones at
@@ -101,7 +101,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2,smollm2-q4_k_m,smollm2-q8_0,gemma3",
                     help="comma list of: " + ",".join(bench_decode.MODELS))
-    ap.add_argument("--penalties", default="1.1,1", help="repeat penalties to record with (1.1: Ollama's default)")
+    ap.add_argument("--penalties", default="1,1.1",
+                    help="repeat penalties to record with (1: pollama's and Ollama's default; 1.1: Ollama's before v0.33)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds of bench_rows.py's measure (default 4)")
     ap.add_argument("--tables", default=",".join(ROW_COSTS))
     ap.add_argument("--priors", default=str(PRIOR), help=f"acceptance priors to compare (default {PRIOR}, pollama's)")

@@ -297,7 +297,11 @@ def server(tmp_path_factory):
     _install(models, "smoltools", plain, (TEMPLATES / "qwen2.5.jinja").read_text())
     _install(models, "smolgo", plain, (TEMPLATES / "ollama-qwen2.5.gotmpl").read_text())
     _install(models, "smolr1", plain, (TEMPLATES / "deepseek-r1-distill-qwen.jinja").read_text())
-    _install(models, "smolthink", plain, qwen3_thinking())
+    # the answers the tests below were written around need the repeat penalty Ollama applied before
+    # v0.33 (a Modelfile PARAMETER, a params layer, as Ollama's remedy for a model that wants one)
+    penalised = {"repeat_penalty": 1.1}
+    _install(models, "smolthink", plain, qwen3_thinking(), params=penalised)
+    _install(models, "smolpen", plain, params=penalised)
     proc = ServerProcess({"OLLAMA_CONTEXT_LENGTH": "2048", "OLLAMA_NUM_PARALLEL": "1", "OLLAMA_CACHE_RAM": "0",
                           "OLLAMA_DEBUG": "1"}, models_dir=str(models)).start()
     yield proc
@@ -507,14 +511,14 @@ def test_an_answer_split_otherwise_than_the_tokenizer_would_is_cached_up_to_the_
 
     client = OpenAI(base_url=server.url + "/v1", api_key="unused")
     ask = [{"role": "user", "content": "Name three animals."}]
-    first = client.chat.completions.create(model=SMOL, messages=ask, temperature=0, max_tokens=12, logprobs=True)
+    first = client.chat.completions.create(model="smolpen", messages=ask, temperature=0, max_tokens=12, logprobs=True)
     prompt1, size1, _ = served(server)
     answer = first.choices[0].message.content
     written = [bytes(t.bytes) for t in first.choices[0].logprobs.content]
     split = shared(written, [tokenizer.token_to_piece(t) for t in tokenizer.encode(answer)])
     assert b"".join(written).decode() == answer and split < len(written) - 1
     second = client.chat.completions.create(
-        model=SMOL, messages=ask + [first.choices[0].message, {"role": "user", "content": "And three birds?"}],
+        model="smolpen", messages=ask + [first.choices[0].message, {"role": "user", "content": "And three birds?"}],
         temperature=0, max_tokens=2)
     prompt2, _, cached = served(server)
     assert prompt2.startswith(prompt1 + answer + "<|im_end|>\n")

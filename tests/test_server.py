@@ -106,13 +106,13 @@ def test_num_predict_gives_exactly_that_many_tokens(client):
 
 
 def test_chat_stream_and_not(client):
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    messages = [{"role": "user", "content": "What is 2+2?"}]
     client.chat(model=SMOL, messages=messages, stream=False, options={**GREEDY, "num_predict": 1})  # warm (see above)
     parts = list(client.chat(model=SMOL, messages=messages, stream=True, options={**GREEDY, "num_predict": 32}))
     final = parts[-1]
     assert final.done and final.done_reason in ("stop", "length")
     text = "".join(p.message.content for p in parts)
-    assert "Paris" in text
+    assert "4" in text  # greedy and unpenalised, SmolLM2 names Paris only after "L'Étoile, la Cité, ..."
     assert all(p.message.role == "assistant" for p in parts)
     whole = client.chat(model=SMOL, messages=messages, stream=False, options={**GREEDY, "num_predict": 32})
     assert whole.message.content == text
@@ -313,12 +313,12 @@ def test_disconnect_mid_stream_frees_the_slot(server):
 # ------------------------------------------------------------------------------------- openai
 def test_openai_chat_streamed_with_usage(oai):
     stream = oai.chat.completions.create(
-        model=SMOL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        model=SMOL, messages=[{"role": "user", "content": "What is 2+2?"}],
         stream=True, stream_options={"include_usage": True}, temperature=0, max_tokens=24,
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert "Paris" in text
+    assert "4" in text
     finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finals) == 1 and finals[0].choices[0].finish_reason in ("stop", "length")
     usage = chunks[-1].usage

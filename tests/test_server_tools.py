@@ -34,10 +34,12 @@ PROMPTS = ["What is the weather in Paris?", "How warm is it in Tokyo today?", "W
            "Is it raining in London?", "Add 17 and 25."]
 
 
-def _install(models: Path, name: str, gguf_layer: dict, template: str | None = None) -> None:
+def _install(models: Path, name: str, gguf_layer: dict, template: str | None = None, params: dict | None = None) -> None:
     layers = [{"mediaType": "application/vnd.ollama.image.model", **gguf_layer}]
     if template is not None:
         layers.append({"mediaType": "application/vnd.ollama.image.template", **_blob(models, template.encode())})
+    if params is not None:
+        layers.append({"mediaType": "application/vnd.ollama.image.params", **_blob(models, json.dumps(params).encode())})
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                 "config": {"mediaType": "application/vnd.docker.container.image.v1+json", **_blob(models, b"{}")},
                 "layers": layers}

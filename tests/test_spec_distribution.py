@@ -3,8 +3,10 @@
 The loop samples each verified row with the sequence's own sampler, in order, and keeps a drafted
 token only when the sampler drew it: for a deterministic draft (prompt lookup) that is speculative
 sampling, accept with the target's probability, on rejection a draw from the rest. Here a tiny
-real model (stories260K) continues a repetitive prompt at temperature 1, so drafts are proposed at
-every step and both accepted and rejected; many seeds give an empirical distribution of short
+real model (stories260K) continues a repetitive prompt at temperature 1, with a repeat penalty
+(1.1, Ollama's before v0.33: the sampler's counts must follow the accepted tokens alone, and the
+answers spread over more categories than unpenalised), so drafts are proposed at every step and
+both accepted and rejected; many seeds give an empirical distribution of short
 answers with drafts and one without (other seeds: two independent samples), and a two-sample
 chi-square test finds no difference. The same test tells a broken verifier apart: one that keeps
 every drafted token (accept-always) moves the answers towards the draft, and the test rejects it
@@ -36,7 +38,8 @@ def answers(r, seeds, depth: int) -> tuple[list[tuple[int, ...]], int, int]:
     out, drafted, accepted = [], 0, 0
     for seed in seeds:
         request = Request(prompt=PROMPT, raw=True, options=Options().merged(
-            dict(temperature=1.0, top_k=0, top_p=1.0, seed=seed, num_predict=TOKENS, draft_num_predict=depth)))
+            dict(temperature=1.0, top_k=0, top_p=1.0, seed=seed, num_predict=TOKENS, draft_num_predict=depth,
+                 repeat_penalty=1.1)))
         final = list(r.stream(request))[-1]
         out.append(tuple(final.context[-TOKENS:]))
         drafted += final.metrics.draft_n
