@@ -153,7 +153,7 @@ class BrokenUpstream:
                 pass  # a client that left mid-answer is what these tests do
 
         self._server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def stop(self) -> None:

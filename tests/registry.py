@@ -183,7 +183,7 @@ class LocalRegistry:
                 pass  # a client that hangs up (a cancelled or resumed pull) is not news
 
         self._server = Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         return self
 
@@ -344,7 +344,7 @@ class OtherService:
                 pass  # a pull that hangs up is not news
 
         self._server = Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
 
     @property
     def host(self) -> str:

@@ -84,8 +84,15 @@ def test_ggml_reader_errors_stay_off_stderr(cases):
     assert "has offset 1, expected 0" in out.stdout
 
 
-@pytest.mark.parametrize("engine", ["old", "new"])
-@pytest.mark.parametrize("name", CLI_CASES)
+def _cli_runs() -> list:
+    """(name, engine) pairs: a case refused before loading is refused the same way whichever
+    engine is picked, so the default run tries it on one engine; both run every case with -m slow."""
+    return [pytest.param(name, engine, marks=() if name in ENGINE_REFUSES or engine == "old" else pytest.mark.slow,
+                         id=f"{name}-{engine}")
+            for name in CLI_CASES for engine in ("old", "new")]
+
+
+@pytest.mark.parametrize("name, engine", _cli_runs())
 def test_cli_run_is_one_line(cases, _isolated_home, name, engine):
     out = subprocess.run([sys.executable, "-m", "cli.main", "run", str(cases[name]), "hi"],
                          capture_output=True, text=True, timeout=120,

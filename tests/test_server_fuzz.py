@@ -84,9 +84,24 @@ def tame(path: str, body: object) -> None:
         body["max_output_tokens"] = 8
 
 
+#: generated requests per operation and mode: the default run's, and the slow run's deeper pass
+EXAMPLES, DEEP_EXAMPLES = 25, 120
+
+
 @pytest.mark.parametrize("operation, mode", _cases())
 def test_no_server_errors(operation, mode, fuzz_server):
-    @settings(max_examples=60, deadline=None, derandomize=True, database=None,
+    fuzz(operation, mode, fuzz_server, EXAMPLES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("operation, mode", _cases())
+def test_no_server_errors_deeper(operation, mode, fuzz_server):
+    """The same stream of requests, further: 120 each rather than 25."""
+    fuzz(operation, mode, fuzz_server, DEEP_EXAMPLES)
+
+
+def fuzz(operation, mode, fuzz_server, examples: int) -> None:
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case) -> None:

@@ -96,7 +96,7 @@ def smollm(request):
     r.close()
 
 
-@pytest.mark.parametrize("depth", [4, 8])
+@pytest.mark.parametrize("depth", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_smollm2_rewrite_is_the_same_with_drafts(smollm, depth):
     text, context, m = answer(smollm, 0, 100)
     assert m.draft_n == 0
