@@ -13,11 +13,12 @@ engine) once; then :class:`runner.spec.controller.Speculation` is run over each 
 runner runs it (propose after each emitted token, verify against the recorded continuation, the
 accepted tokens plus the target's own emitted), once per cost table the controller could hold
 (``--tables``: the names in ``ROW_COSTS``) and each acceptance prior (``--priors``: what a kind of
-guess is assumed to score before its first draft), and every step is costed by the model's own step costs
+guess is assumed to score before its first draft: a number for every kind, or ``drafter``, each
+kind where prompt lookup starts it, :data:`runner.spec.ngram.PRIORS`), and every step is costed by the model's own step costs
 measured by bench_rows.py (new engine, every size from 1 to 33 rows). Printed per model and
 repeat penalty: each task's speed-up (undrafted steps over drafted cost) and accepted/proposed
 tokens, their geometric mean and minimum, per table and prior; ``*`` marks what the runner picks
-for the model (:meth:`runner.spec.controller.StepCost.of`, :data:`runner.spec.controller.PRIOR`).
+for the model (:meth:`runner.spec.controller.StepCost.of`, the drafter's priors).
 
 The replay assumes a verified row gives the token the undrafted decode gave (true bit for bit in
 ``POLLAMA_BATCH_INVARIANT`` mode, and up to near-ties otherwise) and a fixed cost per step size
@@ -37,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from runner.spec.controller import PRIOR, ROW_COSTS, Speculation, StepCost  # noqa: E402
+from runner.spec.controller import ROW_COSTS, Speculation, StepCost  # noqa: E402
 
 import bench_decode  # noqa: E402
 import bench_rows  # noqa: E402
@@ -77,7 +78,7 @@ def record(model: str, penalty: float) -> list[Answer]:
         r.close()
 
 
-def replay(answer: Answer, table: StepCost, prior: float, cost: StepCost) -> tuple[float, int, int]:
+def replay(answer: Answer, table: StepCost, prior: float | None, cost: StepCost) -> tuple[float, int, int]:
     """(speed-up, accepted, proposed) of the controller with ``table`` and ``prior`` over ``answer``."""
     spec = Speculation(cost=table, prior=prior)
     seq = spec.begin(answer.prompt, DEPTH)
@@ -105,10 +106,12 @@ def main() -> None:
                     help="repeat penalties to record with (1: pollama's and Ollama's default; 1.1: Ollama's before v0.33)")
     ap.add_argument("--rounds", type=int, default=4, help="rounds of bench_rows.py's measure (default 4)")
     ap.add_argument("--tables", default=",".join(ROW_COSTS))
-    ap.add_argument("--priors", default=str(PRIOR), help=f"acceptance priors to compare (default {PRIOR}, pollama's)")
+    ap.add_argument("--priors", default="drafter",
+                    help="acceptance priors to compare: numbers, every kind starting there, or 'drafter', each kind "
+                         "where prompt lookup starts it (runner.spec.ngram.PRIORS, pollama's; the default)")
     args = ap.parse_args()
     tables = args.tables.split(",")
-    priors = [float(p) for p in args.priors.split(",")]
+    priors = [None if p == "drafter" else float(p) for p in args.priors.split(",")]
     print(f"machine: {bench_decode.machine()}; 2 threads; greedy answers of {TOKENS} tokens at most, new engine; "
           f"draft_num_predict {DEPTH}; step costs measured after a 400-token prompt, median of {args.rounds} "
           "rounds; load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -130,8 +133,9 @@ def main() -> None:
                 for prior in priors:
                     runs = [replay(a, table, prior, cost) for a in answers]
                     gains = [g for g, _, _ in runs]
-                    mark = " *" if name == picked and prior == PRIOR else ""
-                    print(f"| {name}, {prior:g}{mark} | " + " | ".join(f"{g:.2f}× ({a}/{p})" for g, a, p in runs)
+                    mark = " *" if name == picked and prior is None else ""
+                    label = "drafter's" if prior is None else f"{prior:g}"
+                    print(f"| {name}, {label}{mark} | " + " | ".join(f"{g:.2f}× ({a}/{p})" for g, a, p in runs)
                           + f" | {statistics.geometric_mean(gains):.3f}× | {min(gains):.2f}× |")
 
 

@@ -16,6 +16,7 @@ class Fixed:
 
     kinds = ("fixed",)
     kind = "fixed"
+    priors = {"fixed": C.PRIOR}
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -33,6 +34,7 @@ class TwoKinds:
 
     kinds = ("long", "short")
     kind = "long"
+    priors = {"long": C.PRIOR, "short": C.PRIOR}
 
     def propose(self, generated, limit):
         self.kind = "long" if len(generated) % 2 == 0 else "short"
@@ -214,4 +216,28 @@ def test_the_prior_is_where_each_kind_starts_and_drifts_back_to():
     assert a.now(0) == 0.7
     a.record(10, 8, 8)
     assert a.alpha > 0.7 and a.now(10 + 5000) == pytest.approx(0.7, abs=0.01)
-    assert Speculation().begin([1], depth=16).acceptance("long").now(0) == C.PRIOR
+    assert Speculation(prior=0.7).begin([1], depth=16).acceptance("long").now(0) == 0.7
+
+
+def test_prompt_lookup_s_short_keys_start_lower():
+    """Without a prior given, each kind starts where its drafter says: prompt lookup's long keys
+    and pool at 0.9, its short keys at 0.8. A first short guess is then 3 tokens on the tiled
+    table (our Q4_1 kernels), 7 on GGML's batched kernels and none where each row is multiplied
+    alone; a first long one is 6 or more on all."""
+    from runner.spec.ngram import PRIORS
+
+    seq = Speculation(pool=True).begin([1, 2, 3], depth=32)
+    assert {k: seq.acceptance(k).now(0) for k in ("long", "short", "pool")} == {"long": C.PRIOR, "short": 0.8,
+                                                                                  "pool": C.PRIOR} == PRIORS
+    tiled = StepCost(*C.ROW_COSTS["tiled"])
+    assert best_depth(PRIORS["short"], 32, tiled) == 3
+    assert best_depth(PRIORS["short"], 32, StepCost(*C.ROW_COSTS["batched"])) == 7
+    assert best_depth(PRIORS["short"], 32, StepCost(*C.ROW_COSTS["per-row"])) == 0
+    assert min(best_depth(PRIORS["long"], 32, StepCost(*C.ROW_COSTS[t])) for t in C.ROW_COSTS) >= 6
+    # the long-key prompt: text repeated after a 12-token key guesses deep; a 4-token one, 3 deep
+    text = list(range(100, 140))
+    spec = Speculation(cost=tiled)
+    long_seq = spec.begin(text + [7] + text[:20], depth=32)
+    assert len(spec.propose(long_seq, [text[20]], limit=32, others=0)) > 3 and long_seq.kind == "long"
+    short_seq = spec.begin(text + [7, 8, 9] + text[17:20], depth=32)
+    assert len(spec.propose(short_seq, [text[20]], limit=32, others=0)) == 3 and short_seq.kind == "short"

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..api import InvalidModel
+from ..spec.controller import PRIOR
 from .engine import Engine
 
 #: a guess stops before a token the draft model gives less than this probability
@@ -85,6 +86,7 @@ class ModelDrafter:
 
     kinds = ("model",)
     kind = "model"
+    priors = {"model": PRIOR}
 
     def __init__(self, model: DraftModel, seq_id: int, prompt: list[int]) -> None:
         self.model, self.seq_id, self.prompt = model, seq_id, prompt

@@ -92,9 +92,10 @@ ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | No
 MAX_DRAFT = 32
 #: draft only when the expected tokens per unit of time beat not drafting by this factor
 GAIN = 1.05
-#: a sequence's acceptance of a kind of guess before any was verified: its first drafts are made
-#: on this alone, and an answer too short to learn from pays for them (bench/bench_spec_replay.py
-#: compares priors over recorded answers)
+#: a sequence's acceptance of a kind of guess before any was verified, unless its drafter says
+#: otherwise (:attr:`runner.spec.drafter.Drafter.priors`: prompt lookup's short keys start at
+#: 0.8): its first drafts are made on this alone, and an answer too short to learn from pays for
+#: them (bench/bench_spec_replay.py compares priors over recorded answers)
 PRIOR = 0.9
 #: weight of one verified position in the moving average of acceptance
 WEIGHT = 0.05
@@ -212,13 +213,14 @@ class SeqDrafts:
     depth: int  # the most tokens one draft may have (0: never drafts)
     kinds: dict[str, Acceptance] = field(default_factory=dict)  # the record of each kind of guess
     kind: str = ""  # the kind of the last draft proposed
-    prior: float = PRIOR  # each kind's acceptance before its first draft
+    prior: float | None = None  # every kind's acceptance before its first draft (None: the drafter's)
 
     def acceptance(self, kind: str) -> Acceptance:
         """The record of the sequence's guesses of ``kind``."""
         record = self.kinds.get(kind)
         if record is None:
-            record = self.kinds[kind] = Acceptance(self.prior, self.prior)
+            prior = self.prior if self.prior is not None else self.drafter.priors.get(kind, PRIOR)
+            record = self.kinds[kind] = Acceptance(prior, prior)
         return record
 
 
@@ -226,14 +228,15 @@ class Speculation:
     """The runner's speculative decoding: a drafter per sequence and the depth of each draft."""
 
     def __init__(self, enabled: bool = True, cost: Callable[[int], float] | None = None,
-                 draft: DraftSource | None = None, pool: bool = False, prior: float = PRIOR) -> None:
+                 draft: DraftSource | None = None, pool: bool = False, prior: float | None = None) -> None:
         """``enabled`` False: no sequence ever drafts (``POLLAMA_SPECULATIVE=off``, or a model
         whose KV memory cannot drop a sequence's tail); ``cost``: a decode's cost by rows
         (default :class:`StepCost` over :data:`ROW_COST`); ``draft``: a draft model, which
         then drafts for every sequence instead of prompt lookup (Modelfile ``DRAFT``, the
         ``draft`` option); ``pool``: prompt lookup also drafts from an n-gram pool the
-        sequences share (``POLLAMA_NGRAM_POOL``); ``prior``: a kind of guess's acceptance
-        before its first draft (:data:`PRIOR`; bench_spec_replay.py compares others)."""
+        sequences share (``POLLAMA_NGRAM_POOL``); ``prior``: every kind of guess's acceptance
+        before its first draft (default: what the drafter says of each kind,
+        :attr:`runner.spec.drafter.Drafter.priors`; bench_spec_replay.py compares others)."""
         self.enabled = enabled
         self.prior = prior
         self.cost = cost if cost is not None else StepCost()

@@ -9,7 +9,7 @@ never output.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 
 class Drafter(Protocol):
@@ -19,6 +19,9 @@ class Drafter(Protocol):
     kinds: tuple[str, ...]
     #: the kind of the last guess :meth:`propose` returned (one of :attr:`kinds`)
     kind: str
+    #: each kind's acceptance before its first draft (where the controller's estimate of it starts
+    #: and drifts back to): what such guesses were measured to score
+    priors: Mapping[str, float]
 
     def propose(self, generated: Sequence[int], limit: int) -> list[int]:
         """Up to ``limit`` tokens guessed to come next, after the sequence's prompt (given when
@@ -35,6 +38,7 @@ class NoDrafter:
 
     kinds: tuple[str, ...] = ()
     kind = ""
+    priors: Mapping[str, float] = {}
 
     def propose(self, generated: Sequence[int], limit: int) -> list[int]:
         return []

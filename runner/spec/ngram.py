@@ -33,6 +33,15 @@ KEY_SIZES = (12, 8, 6, 4)
 #: after a 12-token key, and 0.56-0.93 after 4-, 6- and 8-token keys, in no order among those
 #: three: one record for them learns from a third as many failed drafts as three records did
 LONG_KEY = 12
+#: each kind's acceptance before its first draft (:attr:`runner.spec.drafter.Drafter.priors`):
+#: long keys' and the pool's guesses are right nearly always (above), short keys' from about
+#: half the time to nearly always, so they start lower: a short answer pays for drafts made before
+#: anything is learnt, and at 0.8 a first short guess is 3 tokens on our Q4_1 kernels, 7 on GGML's
+#: batched ones and none where each row is multiplied alone (bench_spec_replay.py over 18
+#: recorded answers of SmolLM2 and 18
+#: of gemma-3-270m: the worst answer 0.97-1.00x of no drafts with each cost table, 0.88-0.96x at
+#: 0.9; geometric means +1-2% on SmolLM2, -2% on gemma-3-270m, whose short keys guess well)
+PRIORS = {"long": 0.9, "short": 0.8, "pool": 0.9}
 #: history tokens kept; past twice this the oldest half is forgotten and the index rebuilt
 MAX_HISTORY = 1 << 16
 _BARRIER = -1  # an image position in the history
@@ -69,6 +78,7 @@ class PromptLookup:
         self._last_barrier = max((i for i, t in enumerate(self._history) if t == _BARRIER), default=-1)
         kinds = [_kind(n) for n in self.sizes] + (["pool"] if pool is not None else [])
         self.kinds = tuple(dict.fromkeys(kinds))
+        self.priors = {kind: PRIORS[kind] for kind in self.kinds}
         self.kind = self.kinds[0] if self.kinds else ""  # "long", "short" (the key of the last guess) or "pool"
         self.pool = pool
         self._pooled = len(self._history)  # the pool has learnt what precedes the history before this
