@@ -94,7 +94,7 @@ MAX_DRAFT = 32
 GAIN = 1.05
 #: a sequence's acceptance of a kind of guess before any was verified, unless its drafter says
 #: otherwise (:attr:`runner.spec.drafter.Drafter.priors`: prompt lookup's short keys start at
-#: 0.8): its first drafts are made on this alone, and an answer too short to learn from pays for
+#: 0.85): its first drafts are made on this alone, and an answer too short to learn from pays for
 #: them (bench/bench_spec_replay.py compares priors over recorded answers)
 PRIOR = 0.9
 #: weight of one verified position in the moving average of acceptance

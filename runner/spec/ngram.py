@@ -35,13 +35,11 @@ KEY_SIZES = (12, 8, 6, 4)
 LONG_KEY = 12
 #: each kind's acceptance before its first draft (:attr:`runner.spec.drafter.Drafter.priors`):
 #: long keys' and the pool's guesses are right nearly always (above), short keys' from about
-#: half the time to nearly always, so they start lower: a short answer pays for drafts made before
-#: anything is learnt, and at 0.8 a first short guess is 3 tokens on our Q4_1 kernels, 7 on GGML's
-#: batched ones and none where each row is multiplied alone (bench_spec_replay.py over 18
-#: recorded answers of SmolLM2 and 18
-#: of gemma-3-270m: the worst answer 0.97-1.00x of no drafts with each cost table, 0.88-0.96x at
-#: 0.9; geometric means +1-2% on SmolLM2, -2% on gemma-3-270m, whose short keys guess well)
-PRIORS = {"long": 0.9, "short": 0.8, "pool": 0.9}
+#: half the time to nearly always, so they start lower, as a short answer pays for drafts made
+#: before anything is learnt: at 0.85 a first short guess is 3 tokens on our Q4_1 kernels, 5
+#: where each row is multiplied alone and 7 on GGML's batched kernels, where 0.9 made them 6, 8
+#: and 11. Lower still (0.8), the one-row table drafts none, and short keys never learn there
+PRIORS = {"long": 0.9, "short": 0.85, "pool": 0.9}
 #: history tokens kept; past twice this the oldest half is forgotten and the index rebuilt
 MAX_HISTORY = 1 << 16
 _BARRIER = -1  # an image position in the history
