@@ -134,8 +134,8 @@ def main() -> None:
                     runs = [replay(a, table, prior, cost) for a in answers]
                     gains = [g for g, _, _ in runs]
                     mark = " *" if name == picked and prior is None else ""
-                    label = "drafter's" if prior is None else f"{prior:g}"
-                    print(f"| {name}, {label}{mark} | " + " | ".join(f"{g:.2f}× ({a}/{p})" for g, a, p in runs)
+                    called = "drafter's" if prior is None else f"{prior:g}"
+                    print(f"| {name}, {called}{mark} | " + " | ".join(f"{g:.2f}× ({a}/{p})" for g, a, p in runs)
                           + f" | {statistics.geometric_mean(gains):.3f}× | {min(gains):.2f}× |")
 
 
