@@ -382,7 +382,7 @@ def parallel_server():
     assert proc.stop() == 0, proc.last_log
 
 
-PROMPTS = ["What is the capital of France?", "Name a primary color.", "What is two plus two?"]
+PROMPTS = ["What is 2+2?", "Name a primary color.", "What is two plus two?"]
 
 
 def _chat(url: str, prompt: str) -> tuple[str, str]:
@@ -399,7 +399,7 @@ def test_parallel_chats_match_their_solo_answers(parallel_server):
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         together = list(pool.map(lambda p: _chat(parallel_server.url, p), PROMPTS))
     assert together == alone
-    assert "Paris" in alone[0][0]
+    assert "4" in alone[0][0]
 
 
 @pytest.fixture(scope="module")

@@ -203,8 +203,9 @@ def _utf8(piece: bytes) -> bool:
 @pytest.mark.slow
 def test_a_stop_inside_an_accepted_draft(smollm):
     """The stop's last token comes from a row after accepted drafted ones, before the draft's
-    end: the rest of the draft is dropped, and the text is cut as without drafts."""
-    stop = ["北京 🚀!\n我喜欢猫"]
+    end: the rest of the draft is dropped, and the text is cut as without drafts. (The stop ends in
+    the second line's "北京", inside an 8-token draft of which it takes 5.)"""
+    stop = ["!\n我喜欢猫 🐱, café 北京"]
     want, _, _ = chat(smollm, UTF8, 0, num_predict=60, stop=stop)
     got, final, drafts = chat(smollm, UTF8, 8, num_predict=60, stop=stop)
     assert got == want and final.stop == stop[0]
