@@ -35,6 +35,7 @@ from runner import config
 from runner.api import Message, Options, Request, Tool, ToolChoice
 from runner.images import image_from_bytes
 from runner.ml.backend import BackendOptions
+from runner.ml.ggml.backend import GGMLBackend
 from runner.model.models import Batch
 from runner.model.models import load as load_model
 from runner.spec.controller import Speculation
@@ -109,16 +110,19 @@ def test_smollm2_rewrite_is_the_same_with_drafts(smollm, depth):
 STORY = "Write a long story about a lighthouse keeper and a storm."
 
 
-@pytest.mark.parametrize("engine", ["old", "new"])
-def test_an_open_ended_story_is_byte_identical_with_flash_attention(engine):
+@pytest.mark.parametrize("engine,flash", [("old", True), ("new", True), ("new", False)],
+                         ids=["old-fa", "new-fa", "new-nofa"])
+def test_an_open_ended_story_is_byte_identical(engine, flash):
     """With flash attention, while the cache spans under 512 cells (GGML's CPU kernel splits one
     row's cells across threads from there), a query row's attention is computed on its own, and
     SmolLM2's Q4_1 matrix products take each row's dot products in one order whatever the batch:
     a drafted row's logits are the one-row decode's bit for bit, so a story full of near-ties
     comes out the same (its ~40-token prompt and 150 tokens stay within 256 cells). Without flash
-    attention the K·Q and V products of a batch sum in another order than one row's, and this
-    story parts at character ~470 on both engines."""
-    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", flash_attention=True,
+    attention llama.cpp's K·Q and V products of a batch sum in another order than one row's, and
+    this story parts at character ~470 on the old engine; the new engine multiplies a verified
+    draft's attention row by row (test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention),
+    and its story is the same without flash attention too (it parted at ~470 before)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", flash_attention=flash,
                               cache_dir=fresh_cache_dir())
     r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 1024}), cfg, num_parallel=1)
     try:
@@ -347,7 +351,13 @@ def test_batch_invariant_rows_equal_rows_decoded_alone(which, request):
     (position 512 in cell 0) and the batch the cells after the window: rows 512-516 differed
     (up to 1.9) until the mode's table placed cells round the cache."""
     path = SMOLLM2 if which == "smollm2" else request.getfixturevalue("gemma3_path")
-    model = load_model(path, BackendOptions(num_threads=2, flash_attention=True, batch_invariant=True))
+    assert rows_unlike_alone(path, BackendOptions(num_threads=2, flash_attention=True, batch_invariant=True)) == []
+
+
+def rows_unlike_alone(path: Path, options: BackendOptions) -> list[int]:
+    """After a 500-token prompt, the rows of a 17-token batch (every row an output, as a verified
+    draft) whose logits differ in any bit from the same tokens decoded one at a time."""
+    model = load_model(path, options)
     try:
         model.init_cache(num_ctx=1024, num_parallel=1, num_batch=512)
         rng = np.random.default_rng(7)
@@ -355,9 +365,25 @@ def test_batch_invariant_rows_equal_rows_decoded_alone(which, request):
         tokens = [int(t) for t in rng.integers(100, 20000, 17)]
         model.compute(Batch.sequence(prompt))
         alone = [model.compute(Batch.sequence([t], start=500 + i))[0].copy() for i, t in enumerate(tokens)]
-        model.cache.remove(0, 0, None)  # the window's early cells are gone: the prompt again
+        model.cache.remove(0, 0, None)  # a window's early cells are gone: the prompt again
         model.compute(Batch.sequence(prompt))
-        together = model.compute(Batch.sequence(tokens, start=500, all_logits=True))
-        assert [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)] == []
+        together = model.compute(Batch.sequence(tokens, start=500, decode=True))
+        return [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)]
     finally:
         model.close()
+
+
+def test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention(monkeypatch):
+    """The new engine by default, without flash attention (SmolLM2's default): a batch whose
+    every row is an output (a verified draft) multiplies attention's K·Q and V row by row
+    (``Backend.new_context(rows_alone=True)``), so with weights whose products give a row in a
+    batch its lone numbers (SmolLM2's: Q4_1 by our kernels, its Q8_0 output by llamafile's tiles,
+    which on AVX2 sum in the one-row order) each of the 17 rows is the row decoded alone, bit for
+    bit, also across 512 cells (the batch attends to 768 cells, the first lone rows to 512: the
+    cells past the history add exact zeros). GGML's own attention products sum a batch in
+    another order: then all 17 rows differed when this was written (logits up to 0.55 apart)."""
+    options = BackendOptions(num_threads=2, flash_attention=False)
+    assert rows_unlike_alone(SMOLLM2, options) == []
+    new_context = GGMLBackend.new_context
+    monkeypatch.setattr(GGMLBackend, "new_context", lambda self, rows_alone=False, max_nodes=None: new_context(self))
+    assert rows_unlike_alone(SMOLLM2, options) != []

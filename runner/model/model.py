@@ -61,6 +61,11 @@ class Batch:
     # batch indices that also see the later positions of their sequence in this batch (gemma3's
     # image rows attend to each other both ways); every other input is causal
     causal_except: Sequence[int] = ()
+    # the tokens are decoded ones (sampled, and drafted ones to verify): each row is computed as
+    # it would be decoded alone, where that costs little (``Backend.new_context``'s rows_alone),
+    # so a verified draft's logits are those one token at a time gives (a prompt's rows are
+    # computed as llama.cpp computes a prompt)
+    decode: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -74,15 +79,17 @@ class Batch:
             raise ValueError(f"bad batch: {n} tokens, {self.embeds.shape[0]} embedding rows")
 
     @classmethod
-    def sequence(cls, tokens: Sequence[int], start: int = 0, seq: int = 0, all_logits: bool = False) -> Batch:
+    def sequence(cls, tokens: Sequence[int], start: int = 0, seq: int = 0, all_logits: bool = False,
+                 decode: bool = False) -> Batch:
         """A batch of consecutive ``tokens`` of one sequence from position ``start``; logits of
-        the last token (or of all with ``all_logits``)."""
+        the last token (or of all with ``all_logits``, or as decoded tokens with ``decode``)."""
         n = len(tokens)
         return cls(
             tokens=list(tokens),
             positions=list(range(start, start + n)),
             sequences=[seq] * n,
-            outputs=list(range(n)) if all_logits else [n - 1],
+            outputs=list(range(n)) if all_logits or decode else [n - 1],
+            decode=decode,
         )
 
 
@@ -334,7 +341,8 @@ class Model:
         if len(batch.tokens) > cache.max_batch:
             raise ValueError(f"batch of {len(batch.tokens)} tokens, the cache was sized for {cache.max_batch}")
         cache.start_forward(None, batch, reserve=False)
-        key = (len(batch.tokens), len(batch.outputs), batch.embeddings, batch.embeds is not None, cache.graph_key())
+        key = (len(batch.tokens), len(batch.outputs), batch.embeddings, batch.embeds is not None, batch.decode,
+               cache.graph_key())
         graph = self._graphs.get(key)
         t1 = time.perf_counter_ns()
         if graph is None:
@@ -383,7 +391,7 @@ class Model:
         return not batch.embeddings and width > TOP_CANDIDATES and rows <= _TOP_ROWS and logits.is_contiguous()
 
     def _build(self, batch: Batch, key: Hashable) -> _Graph:
-        ctx = self.backend.new_context()
+        ctx = self.backend.new_context(rows_alone=batch.decode and len(batch.tokens) > 1)
         logits = self.forward(ctx, self._inputs(ctx, batch))
         width = self.n_embd if batch.embeddings else self.n_vocab
         if logits.dim(0) != width or logits.dim(1) != len(batch.outputs):

@@ -145,7 +145,9 @@ class GGMLEngine:
     def prepare(self) -> None:
         toks, positions, seqs, outputs = self._batch
         try:
-            prepared = self.model.prepare(Batch(toks, positions, seqs, outputs))
+            # every row an output: decoded tokens (sampled ones, drafted ones to verify)
+            decode = len(outputs) == len(toks)
+            prepared = self.model.prepare(Batch(toks, positions, seqs, outputs, decode=decode))
         except Exception as err:
             raise LoadError(f"forward pass failed: {err}") from err
         rows = {index: row for row, index in enumerate(outputs)}

@@ -243,8 +243,16 @@ class GGMLTensor:
             ptr = q4_1.product(c, self, b)  # GGML's numbers, several rows at a time
             if ptr is not None:
                 return GGMLTensor(ptr, c)
-        kind = _TILED.get(self.type_id) if c.backend.options.batch_invariant else None
-        if kind is not None and a_ne[2:] == (1, 1) and b.type_id == g.GGML_TYPE.F32:
+        # GGML's tiles take 2 rows or more: rows laid apart go to the one-row dot products. In the
+        # batch-invariant mode every weight's rows; in a graph of lone rows (decoded tokens:
+        # sampled and drafted ones) attention's, activations times activations (``self`` is in the graph, where
+        # weights are not): they cost little, and with them SmolLM2's drafted rows are its rows
+        # alone, bit for bit (its Q4_1 products are our kernels', its Q8_0 ones llamafile's
+        # tiles, whose sums on AVX2 come in the one-row dot product's order)
+        apart = ((c.backend.options.batch_invariant and a_ne[2:] == (1, 1))
+                 or (c.rows_alone and self.ctx is not None and b_ne[1] > 1))
+        kind = _TILED.get(self.type_id) if apart else None
+        if kind is not None and b.type_id == g.GGML_TYPE.F32:
             return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, _rows_apart(c, b, kind)), c)
         return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, b.ptr), c)
 
@@ -483,9 +491,10 @@ class _Input:
 class GraphContext:
     """One compute graph. Not thread-safe: build and run it from one thread."""
 
-    def __init__(self, backend: GGMLBackend, max_nodes: int) -> None:
+    def __init__(self, backend: GGMLBackend, max_nodes: int, rows_alone: bool = False) -> None:
         self.backend = backend
         self.max_nodes = max_nodes
+        self.rows_alone = rows_alone  # each row computed as it would be alone (Backend.new_context)
         # tensors of a graph: nodes + views + leafs; views are not graph nodes, so allow 2x
         self.ptr = _new_ggml_context(2 * max_nodes + 64, max_nodes)
         self.graph = g.ggml_new_graph_custom(self.ptr, max_nodes, False)
@@ -720,8 +729,8 @@ class GGMLBackend:
         self.num_threads = n
         g.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
-    def new_context(self, max_nodes: int | None = None) -> GraphContext:
-        return GraphContext(self, max_nodes or self.options.max_graph_nodes)
+    def new_context(self, rows_alone: bool = False, max_nodes: int | None = None) -> GraphContext:
+        return GraphContext(self, max_nodes or self.options.max_graph_nodes, rows_alone)
 
     def new_storage(self, specs: Iterable[tuple[str, str, Sequence[int]]]) -> Storage:
         specs = list(specs)

@@ -1,0 +1,116 @@
+"""What multiplying a verified draft's attention row by row costs (issue 26).
+
+    python bench/bench_attention_rows.py [--models smollm2,smollm2-q8_0] [--history 400,1500]
+                                         [--rows 1,2,4,8,16,17,32] [--rounds 6] [--threads 2]
+
+The new engine builds a batch of decoded tokens (a sampled token and its drafted ones) with
+``rows_alone`` (``runner.ml.backend.Backend.new_context``): its attention's K·Q and V
+products go to GGML's one-row dot products, row by row, instead of llamafile's batched tiles, so
+each row's logits are those the row gets decoded alone (Q4_1 and Q8_0 weights already are). Here
+two copies of a model, one built that way and one with GGML's batched attention products (what
+it did before), decode the same steps of n rows after a ``--history``-token prompt, rolled back
+each time; the copies and the sizes interleaved, three steps each (the fastest kept), medians of
+``--rounds``. Printed: each step's time relative to one row with GGML's attention, and the ratio of
+the two. Flash attention off (SmolLM2's default, and where the products are used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from runner.ml.backend import BackendOptions  # noqa: E402
+from runner.ml.ggml.backend import GGMLBackend  # noqa: E402
+from runner.model.models import Batch  # noqa: E402
+from runner.model.models import load as load_model  # noqa: E402
+
+import bench_decode  # noqa: E402
+
+WAYS = ("GGML's batched attention", "row by row (pollama)")
+
+
+@contextlib.contextmanager
+def batched_attention():
+    """Graphs built meanwhile ignore ``rows_alone``: GGML's batched attention products."""
+    new_context = GGMLBackend.new_context
+    GGMLBackend.new_context = lambda self, rows_alone=False, max_nodes=None: new_context(self, False, max_nodes)
+    try:
+        yield
+    finally:
+        GGMLBackend.new_context = new_context
+
+
+def step(model, tokens: list[int], start: int) -> float:
+    t0 = time.perf_counter()
+    model.compute(Batch.sequence(tokens, start=start, decode=True))
+    elapsed = time.perf_counter() - t0
+    model.cache.remove(0, start, None)
+    return elapsed
+
+
+def measure(path: Path, history: int, rows: list[int], rounds: int, threads: int) -> dict[tuple[str, int], float]:
+    rng = np.random.default_rng(7)
+    prompt = [int(t) for t in rng.integers(100, 20000, history)]
+    tokens = [int(t) for t in rng.integers(100, 20000, max(rows))]
+    models = {}
+    try:
+        for way in WAYS:
+            with batched_attention() if way == WAYS[0] else contextlib.nullcontext():
+                m = load_model(path, BackendOptions(num_threads=threads, flash_attention=False))
+                models[way] = m
+                m.init_cache(num_ctx=history + 512, num_parallel=1, num_batch=512)
+                for i in range(0, history, 512):
+                    m.compute(Batch.sequence(prompt[i:i + 512], start=i))
+                for n in rows:  # every graph built now, under its way
+                    step(m, tokens[:n], history)
+        times: dict[tuple[str, int], list[float]] = {(w, n): [] for w in WAYS for n in rows}
+        for r in range(rounds):
+            for n in rows if r % 2 else rows[::-1]:
+                for way in WAYS if r % 2 else WAYS[::-1]:
+                    times[(way, n)].append(min(step(models[way], tokens[:n], history) for _ in range(3)))
+        return {k: statistics.median(v) for k, v in times.items()}
+    finally:
+        for m in models.values():
+            m.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="smollm2", help="comma list of: " + ",".join(bench_decode.MODELS))
+    ap.add_argument("--history", default="400,1500", help="comma list of prompt lengths before the steps")
+    ap.add_argument("--rows", default="1,2,4,8,16,17,32")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    rows = sorted({int(n) for n in args.rows.split(",")} | {1})
+    print(f"machine: {bench_decode.machine()}; {args.threads} threads; flash attention off; steps of n rows "
+          f"rolled back, interleaved, fastest of 3, median of {args.rounds} rounds; load average "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    print(f"pollama: {bench_decode.git_head(HERE.parent)}")
+    for model in args.models.split(","):
+        label, path = bench_decode.MODELS[model][0], bench_decode.MODELS[model][1]()
+        for history in (int(h) for h in args.history.split(",")):
+            t = measure(path, history, rows, args.rounds, args.threads)
+            one = t[(WAYS[0], 1)]
+            print(f"\n### {label}, after {history} tokens (load average {os.getloadavg()[0]:.2f}; one row "
+                  f"{one * 1e3:.2f} ms)\n")
+            print(f"| rows | {WAYS[0]} | {WAYS[1]} | row by row / batched |")
+            print("|---:|---:|---:|---:|")
+            for n in rows:
+                a, b = t[(WAYS[0], n)], t[(WAYS[1], n)]
+                print(f"| {n} | {a / one:.2f} | {b / one:.2f} | {b / a:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
