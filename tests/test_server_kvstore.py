@@ -176,7 +176,7 @@ def test_a_client_leaving_mid_restore(tmp_path):
         stopped(server)
 
 
-@pytest.mark.parametrize("new_engine", ["0", "1"], ids=["old", "new"])
+@pytest.mark.parametrize("new_engine", ["0", pytest.param("1", marks=pytest.mark.slow)], ids=["old", "new"])
 def test_a_shared_system_prompt_is_stored_once(tmp_path, new_engine):
     """Two conversations under one long system prompt take turns on one slot with two others: the
     store keeps the system prompt's pages once (B, pushed out after A, adds only its own pages),

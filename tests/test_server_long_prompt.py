@@ -23,7 +23,7 @@ from serverproc import ServerProcess
 SMOL = "smollm2:135m"
 
 
-@pytest.mark.parametrize("engine", ["old", "new"])
+@pytest.mark.parametrize("engine", [pytest.param("old", marks=pytest.mark.slow), "new"])  # the loop's rule: one engine by default
 def test_a_short_answer_does_not_wait_for_a_long_prompt(engine):
     env = {"OLLAMA_NUM_PARALLEL": "2", "OLLAMA_CONTEXT_LENGTH": "2048", "OLLAMA_NEW_ENGINE": "1" if engine == "new" else "0"}
     with ServerProcess(env) as server:
