@@ -2,6 +2,7 @@
 
     python bench/bench_attention_rows.py [--models smollm2,smollm2-q8_0] [--history 400,1500]
                                          [--rows 1,2,4,8,16,17,32] [--rounds 6] [--threads 2]
+                                         [--answers rewrite,story] [--answer-runs 4]
 
 The new engine builds a batch of decoded tokens (a sampled token and its drafted ones) with
 ``rows_alone`` (``runner.ml.backend.Backend.new_context``): its attention's K·Q and V
@@ -12,6 +13,11 @@ it did before), decode the same steps of n rows after a ``--history``-token prom
 each time; the copies and the sizes interleaved, three steps each (the fastest kept), medians of
 ``--rounds``. Printed: each step's time relative to one row with GGML's attention, and the ratio of
 the two. Flash attention off (SmolLM2's default, and where the products are used).
+
+Then whole answers (``--answers``, bench_spec.py's tasks, greedy, 300 tokens, drafts of up to 32):
+two runners of the model, one each way, answer in turn, ``--answer-runs`` times; printed: the
+drafted tok/s each way, their ratio (the median of the runs' ratios), the drafts taken, and
+whether each way's answer is the text decoding without drafts gives.
 """
 
 from __future__ import annotations
@@ -85,6 +91,37 @@ def measure(path: Path, history: int, rows: list[int], rounds: int, threads: int
             m.close()
 
 
+def answers(model: str, tasks: list[str], runs: int, threads: int) -> None:
+    import bench_spec
+
+    runners = {}
+    for way in WAYS:
+        runners[way] = bench_spec.load_runner(model, "new", threads, 1)
+    print(f"\n### {bench_decode.MODELS[model][0]}: whole answers, drafts of up to 32, {runs} runs "
+          f"(load average {os.getloadavg()[0]:.2f})\n")
+    print(f"| task | {WAYS[0]}, tok/s | {WAYS[1]}, tok/s | row by row / batched | accepted/proposed (batched; "
+          "row by row) | same text as no drafts (batched; row by row) |")
+    print("|---|---:|---:|---:|---:|---|")
+    try:
+        for task in tasks:
+            prompt = bench_spec.chat_prompt(model, bench_spec.TASKS[task])
+            plain = bench_spec.generate(runners[WAYS[1]], prompt, 300, 0).text  # one row a step: either way
+            got: dict[str, list] = {w: [] for w in WAYS}
+            for r in range(runs):
+                for way in WAYS if r % 2 else WAYS[::-1]:
+                    with batched_attention() if way == WAYS[0] else contextlib.nullcontext():
+                        got[way].append(bench_spec.generate(runners[way], prompt, 300, 32))
+            tps = {w: statistics.median(g.tps for g in got[w]) for w in WAYS}
+            ratio = statistics.median(b.tps / a.tps for a, b in zip(got[WAYS[0]], got[WAYS[1]]))
+            last = [got[w][-1] for w in WAYS]
+            same = "; ".join("yes" if g.text == plain else "no" for g in last)
+            print(f"| {task} | {tps[WAYS[0]]:.1f} | {tps[WAYS[1]]:.1f} | {ratio:.3f} | "
+                  + "; ".join(f"{g.accepted}/{g.draft_n}" for g in last) + f" | {same} |")
+    finally:
+        for r in runners.values():
+            r.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2", help="comma list of: " + ",".join(bench_decode.MODELS))
@@ -92,6 +129,9 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,17,32")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--answers", default="rewrite", help="bench_spec.py tasks answered both ways ('': none); "
+                    "where the drafted texts part (the story), the drafts differ too")
+    ap.add_argument("--answer-runs", type=int, default=4)
     args = ap.parse_args()
     rows = sorted({int(n) for n in args.rows.split(",")} | {1})
     print(f"machine: {bench_decode.machine()}; {args.threads} threads; flash attention off; steps of n rows "
@@ -110,6 +150,8 @@ def main() -> None:
             for n in rows:
                 a, b = t[(WAYS[0], n)], t[(WAYS[1], n)]
                 print(f"| {n} | {a / one:.2f} | {b / one:.2f} | {b / a:.3f} |")
+        if args.answers:
+            answers(model, args.answers.split(","), args.answer_runs, args.threads)
 
 
 if __name__ == "__main__":
