@@ -490,6 +490,29 @@ def test_cache_full_is_reported() -> None:
         model.close()
 
 
+def test_a_graph_placed_before_the_compute_buffer_grew_is_built_again() -> None:
+    """GGML's graph allocator places a graph's tensors once and keeps their addresses; a batch
+    whose logits outgrow the compute buffer makes it allocate a larger one and free the old, and
+    every graph placed before then points into freed memory. A cached graph computed again wrote
+    its inputs there: a 17-row step of gemma-3-270m after a 32-row one (its 262k-token vocabulary
+    makes 32 rows of logits 34 MB) killed the process (found by bench_attention_rows.py, which
+    loads without the engine's worst-case reservation). Such a graph is now built again, and
+    gives the logits it gave before."""
+    model = _open(SMOLLM2, flash=False, num_ctx=1024)
+    try:
+        model.compute(Batch.sequence(list(range(100, 110))))
+        first = model.compute(Batch.sequence(list(range(110, 114)), start=10, all_logits=True)).copy()
+        model.cache.remove(0, 10, None)
+        size = model.backend.compute_buffer_size
+        model.compute(Batch.sequence(list(range(200, 456)), start=10, all_logits=True))  # 256 rows of logits
+        assert model.backend.compute_buffer_size > size
+        model.cache.remove(0, 10, None)
+        again = model.compute(Batch.sequence(list(range(110, 114)), start=10, all_logits=True))
+        assert np.array_equal(first, again)
+    finally:
+        model.close()
+
+
 # ------------------------------------------------------------------------ the wrapper cache
 def test_wrapped_cache_gets_the_backend_layout_and_reuses_graphs() -> None:
     """A model whose cache is a WrapperCache, flash attention off (the default layout there is

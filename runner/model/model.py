@@ -344,6 +344,10 @@ class Model:
         key = (len(batch.tokens), len(batch.outputs), batch.embeddings, batch.embeds is not None, batch.decode,
                cache.graph_key())
         graph = self._graphs.get(key)
+        if graph is not None and graph.ctx.stale:  # placed in a compute buffer since replaced
+            del self._graphs[key]
+            graph.ctx.close()
+            graph = None
         t1 = time.perf_counter_ns()
         if graph is None:
             graph = self._build(batch, key)

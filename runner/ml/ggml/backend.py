@@ -502,6 +502,7 @@ class GraphContext:
         self._outputs: set[int] = set()  # tensors already marked as outputs and expanded into the graph
         self.version = 0  # counts the graph's expansions: the allocator places a graph again when it grew
         self.placement = 0  # the allocator's placement its tensors have now (a new one: they moved)
+        self.generation: int | None = None  # the allocator's buffer its tensors were placed in (None: never)
         self.q8_1_rows: dict[int, int] = {}  # activations' Q8_1 rows for the Q4_1 kernels, by tensor (q4_1.py)
         self._closed = False
 
@@ -582,6 +583,13 @@ class GraphContext:
             g.ggml_build_forward_expand(self.graph, t.ptr)
         self.version += 1
         return self.backend._reserve(self)
+
+    @property
+    def stale(self) -> bool:
+        """Its tensors were placed in a compute buffer the allocator has since replaced: their
+        addresses point into freed memory, and GGML's allocator does not place them again, so
+        the graph must be built anew (``Model.prepare`` does)."""
+        return self.generation is not None and self.generation != self.backend.generation
 
     def _upload_inputs(self) -> None:
         for inp in self._inputs.values():
@@ -721,6 +729,10 @@ class GGMLBackend:
         # allocation, as in llama.cpp's graph reuse
         self._allocated: tuple[GraphContext, int] | None = None  # (graph, its version) last placed
         self._placements = 0
+        # counts the allocator's buffers: GGML's allocator places a graph's tensors once and keeps
+        # their addresses, so a graph placed in a buffer since replaced (grown for a larger graph)
+        # points into freed memory; it must be built again (GraphContext.stale)
+        self.generation = 0
         self._lock = threading.Lock()
         self._closed = False
         log.debug("GGML CPU backend: %d threads, flash attention %s", self.num_threads, self.flash_attention)
@@ -771,17 +783,26 @@ class GGMLBackend:
     def _reserve(self, ctx: GraphContext) -> int:
         with self._lock:
             self._allocated = None  # the buffer may have grown: every graph is placed again
+            size = self.compute_buffer_size
             if not g.ggml_gallocr_reserve(self.allocator, ctx.graph):
                 raise MemoryError("cannot allocate the compute buffer for the worst-case graph")
+            if self.compute_buffer_size != size:
+                self.generation += 1
             return self.compute_buffer_size
 
     def _compute(self, ctx: GraphContext, started: threading.Event | None = None) -> None:
         with self._lock:
             placed = (ctx, ctx.version)  # (not ggml_graph_n_nodes: a ctypes call a token)
             if self._allocated != placed:
+                if ctx.stale:
+                    raise RuntimeError("a graph placed in a compute buffer since replaced: build it again")
                 self._allocated = None
+                size = self.compute_buffer_size
                 if not g.ggml_gallocr_alloc_graph(self.allocator, ctx.graph):
                     raise MemoryError("cannot allocate the compute graph")
+                if self.compute_buffer_size != size:  # a new, larger buffer: every other graph is stale
+                    self.generation += 1
+                ctx.generation = self.generation
                 self._allocated = placed
                 self._placements += 1
                 ctx.placement = self._placements
