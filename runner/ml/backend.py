@@ -301,9 +301,10 @@ class Backend(Protocol):
     def new_context(self, rows_alone: bool = False) -> Context:
         """A fresh, empty compute graph. ``rows_alone``: its batch's rows are decoded tokens
         (sampled ones, and drafted ones to verify), and each is computed as it would be alone
-        where that costs little (attention's products; GGML: weights of types whose kernels give
-        a row in a batch its lone numbers, Q4_1 by ours, Q8_0), so that drafted rows verified
-        together give, bit for bit, what decoding them one at a time gives (issue 26)."""
+        where that costs little (GGML: attention's products; the weights' are left to their
+        kernels, of which Q4_1's, ours, and Q8_0's give a row in a batch its lone numbers), so
+        that drafted rows verified together give, bit for bit, what decoding them one at a time
+        gives (issue 26)."""
         ...
 
     def new_storage(self, specs: Sequence[tuple[str, str, Sequence[int]]]) -> Any:

@@ -245,10 +245,10 @@ class GGMLTensor:
                 return GGMLTensor(ptr, c)
         # GGML's tiles take 2 rows or more: rows laid apart go to the one-row dot products. In the
         # batch-invariant mode every weight's rows; in a graph of lone rows (decoded tokens:
-        # sampled and drafted ones) attention's, activations times activations (``self`` is in the graph, where
-        # weights are not): they cost little, and with them SmolLM2's drafted rows are its rows
-        # alone, bit for bit (its Q4_1 products are our kernels', its Q8_0 ones llamafile's
-        # tiles, whose sums on AVX2 come in the one-row dot product's order)
+        # sampled and drafted ones) attention's, activations times activations (``self`` is in
+        # the graph, where weights are not): with them SmolLM2's drafted rows are its rows alone,
+        # bit for bit (its Q4_1 products are our kernels', its Q8_0 ones llamafile's tiles, whose
+        # sums on x86 come in the one-row dot product's order)
         apart = ((c.backend.options.batch_invariant and a_ne[2:] == (1, 1))
                  or (c.rows_alone and self.ctx is not None and b_ne[1] > 1))
         kind = _TILED.get(self.type_id) if apart else None
