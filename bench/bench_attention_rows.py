@@ -72,19 +72,20 @@ def measure(path: Path, history: int, rows: list[int], rounds: int, threads: int
     models = {}
     try:
         for way in WAYS:
-            with batched_attention() if way == WAYS[0] else contextlib.nullcontext():
-                m = load_model(path, BackendOptions(num_threads=threads, flash_attention=False))
-                models[way] = m
-                m.init_cache(num_ctx=history + 512, num_parallel=1, num_batch=512)
-                for i in range(0, history, 512):
-                    m.compute(Batch.sequence(prompt[i:i + 512], start=i))
-                for n in rows:  # every graph built now, under its way
-                    step(m, tokens[:n], history)
+            m = load_model(path, BackendOptions(num_threads=threads, flash_attention=False))
+            models[way] = m
+            m.init_cache(num_ctx=history + 512, num_parallel=1, num_batch=512)
+            for i in range(0, history, 512):
+                m.compute(Batch.sequence(prompt[i:i + 512], start=i))
         times: dict[tuple[str, int], list[float]] = {(w, n): [] for w in WAYS for n in rows}
-        for r in range(rounds):
+        for r in range(-1, rounds):  # round -1 builds the graphs, untimed
             for n in rows if r % 2 else rows[::-1]:
                 for way in WAYS if r % 2 else WAYS[::-1]:
-                    times[(way, n)].append(min(step(models[way], tokens[:n], history) for _ in range(3)))
+                    # a model keeps a few graphs and builds the others again: always under its way
+                    with batched_attention() if way == WAYS[0] else contextlib.nullcontext():
+                        t = min(step(models[way], tokens[:n], history) for _ in range(3))
+                    if r >= 0:
+                        times[(way, n)].append(t)
         return {k: statistics.median(v) for k, v in times.items()}
     finally:
         for m in models.values():
