@@ -1,18 +1,21 @@
-"""What multiplying a verified draft's attention row by row costs (issue 26).
+"""What summing a drafted step's attention as a row alone is summed costs (issue 26).
 
     python bench/bench_attention_rows.py [--models smollm2,smollm2-q8_0] [--history 400,1500]
                                          [--rows 1,2,4,8,16,17,32] [--rounds 6] [--threads 2]
-                                         [--answers rewrite,story] [--answer-runs 4]
+                                         [--answers rewrite,story] [--answer-runs 4] [--apart]
 
-The new engine builds a batch of decoded tokens (a sampled token and its drafted ones) with
-``rows_alone`` (``runner.ml.backend.Backend.new_context``): its attention's K·Q and V
-products go to GGML's one-row dot products, row by row, instead of llamafile's batched tiles, so
-each row's logits are those the row gets decoded alone (Q4_1 and Q8_0 weights already are). Here
-two copies of a model, one built that way and one with GGML's batched attention products (what
-it did before), decode the same steps of n rows after a ``--history``-token prompt, rolled back
-each time; the copies and the sizes interleaved, three steps each (the fastest kept), medians of
-``--rounds``. Printed: each step's time relative to one row with GGML's attention, and the ratio of
-the two. Flash attention off (SmolLM2's default, and where the products are used).
+GGML multiplies attention's K·Q and V products by llamafile's tiles for 2 rows or more, and a
+row alone by its one-row dot products, which sum in another order: a drafted row's logits then
+differ from the same token's decoded alone, and near-ties part the texts. The new engine builds
+a batch of decoded tokens (a sampled token and its drafted ones) with ``decoded``
+(``runner.ml.backend.Backend.new_context``): its attention products are summed as a lone row's,
+by our f16 kernels (``runner/ml/ggml/f16_rows.c``), or, where those do not run, with the rows
+laid apart so that GGML takes each to its dot products (``--apart`` measures that way). Here two
+copies of a model, one built that way and one with GGML's own products, decode the same steps
+of n rows after a ``--history``-token prompt, rolled back each time; the copies and the sizes
+interleaved, three steps each (the fastest kept), medians of ``--rounds``. Printed: each step's
+time relative to one row with GGML's own products, and the ratio of the two. Flash attention off
+(SmolLM2's default, and where the products are used).
 
 Then whole answers (``--answers``, bench_spec.py's tasks, greedy, 300 tokens, drafts of up to 32):
 two runners of the model, one each way, answer in turn, ``--answer-runs`` times; printed: the
@@ -37,24 +40,45 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from runner.ml.backend import BackendOptions  # noqa: E402
+from runner.ml.ggml import f16_rows  # noqa: E402
 from runner.ml.ggml.backend import GGMLBackend  # noqa: E402
 from runner.model.models import Batch  # noqa: E402
 from runner.model.models import load as load_model  # noqa: E402
 
 import bench_decode  # noqa: E402
 
-WAYS = ("GGML's batched attention", "row by row (pollama)")
+WAYS = ("GGML's own", "as a row alone (pollama)")
 
 
 @contextlib.contextmanager
 def batched_attention():
-    """Graphs built meanwhile ignore ``rows_alone``: GGML's batched attention products."""
+    """Graphs built meanwhile ignore ``decoded``: GGML's own attention products."""
     new_context = GGMLBackend.new_context
-    GGMLBackend.new_context = lambda self, rows_alone=False, max_nodes=None: new_context(self, False, max_nodes)
+    GGMLBackend.new_context = lambda self, decoded=False, max_nodes=None: new_context(self, False, max_nodes)
     try:
         yield
     finally:
         GGMLBackend.new_context = new_context
+
+
+APART = False  # --apart: the pollama way without our f16 kernels, the rows laid apart
+
+
+@contextlib.contextmanager
+def way_of(way: str):
+    """Graphs built meanwhile are built ``way``."""
+    if way == WAYS[0]:
+        with batched_attention():
+            yield
+    elif APART:
+        product = f16_rows.product
+        f16_rows.product = lambda c, a, b: None
+        try:
+            yield
+        finally:
+            f16_rows.product = product
+    else:
+        yield
 
 
 def step(model, tokens: list[int], start: int) -> float:
@@ -82,7 +106,7 @@ def measure(path: Path, history: int, rows: list[int], rounds: int, threads: int
             for n in rows if r % 2 else rows[::-1]:
                 for way in WAYS if r % 2 else WAYS[::-1]:
                     # a model keeps a few graphs and builds the others again: always under its way
-                    with batched_attention() if way == WAYS[0] else contextlib.nullcontext():
+                    with way_of(way):
                         t = min(step(models[way], tokens[:n], history) for _ in range(3))
                     if r >= 0:
                         times[(way, n)].append(t)
@@ -100,8 +124,8 @@ def answers(model: str, tasks: list[str], runs: int, threads: int) -> None:
         runners[way] = bench_spec.load_runner(model, "new", threads, 1)
     print(f"\n### {bench_decode.MODELS[model][0]}: whole answers, drafts of up to 32, {runs} runs "
           f"(load average {os.getloadavg()[0]:.2f})\n")
-    print(f"| task | {WAYS[0]}, tok/s | {WAYS[1]}, tok/s | row by row / batched | accepted/proposed (batched; "
-          "row by row) | same text as no drafts (batched; row by row) |")
+    print(f"| task | {WAYS[0]}, tok/s | {WAYS[1]}, tok/s | pollama / GGML's | accepted/proposed (GGML's; "
+          "pollama) | same text as no drafts (GGML's; pollama) |")
     print("|---|---:|---:|---:|---:|---|")
     try:
         for task in tasks:
@@ -110,7 +134,7 @@ def answers(model: str, tasks: list[str], runs: int, threads: int) -> None:
             got: dict[str, list] = {w: [] for w in WAYS}
             for r in range(runs):
                 for way in WAYS if r % 2 else WAYS[::-1]:
-                    with batched_attention() if way == WAYS[0] else contextlib.nullcontext():
+                    with way_of(way):
                         got[way].append(bench_spec.generate(runners[way], prompt, 300, 32))
             tps = {w: statistics.median(g.tps for g in got[w]) for w in WAYS}
             ratio = statistics.median(b.tps / a.tps for a, b in zip(got[WAYS[0]], got[WAYS[1]]))
@@ -133,12 +157,17 @@ def main() -> None:
     ap.add_argument("--answers", default="rewrite", help="bench_spec.py tasks answered both ways ('': none); "
                     "where the drafted texts part (the story), the drafts differ too")
     ap.add_argument("--answer-runs", type=int, default=4)
+    ap.add_argument("--apart", action="store_true", help="the pollama way with the rows laid apart, "
+                    "not our f16 kernels (where those do not run)")
     args = ap.parse_args()
+    global APART
+    APART = args.apart
     rows = sorted({int(n) for n in args.rows.split(",")} | {1})
     print(f"machine: {bench_decode.machine()}; {args.threads} threads; flash attention off; steps of n rows "
           f"rolled back, interleaved, fastest of 3, median of {args.rounds} rounds; load average "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    print(f"pollama: {bench_decode.git_head(HERE.parent)}")
+    print(f"pollama: {bench_decode.git_head(HERE.parent)}; the pollama way: "
+          + ("rows laid apart" if APART else f"our f16 kernels ({f16_rows.variant() or 'not running here'})"))
     for model in args.models.split(","):
         label, path = bench_decode.MODELS[model][0], bench_decode.MODELS[model][1]()
         for history in (int(h) for h in args.history.split(",")):
@@ -146,7 +175,7 @@ def main() -> None:
             one = t[(WAYS[0], 1)]
             print(f"\n### {label}, after {history} tokens (load average {os.getloadavg()[0]:.2f}; one row "
                   f"{one * 1e3:.2f} ms)\n")
-            print(f"| rows | {WAYS[0]} | {WAYS[1]} | row by row / batched |")
+            print(f"| rows | {WAYS[0]} | {WAYS[1]} | pollama / GGML's |")
             print("|---:|---:|---:|---:|")
             for n in rows:
                 a, b = t[(WAYS[0], n)], t[(WAYS[1], n)]

@@ -121,8 +121,8 @@ def test_an_open_ended_story_is_byte_identical(engine, flash):
     a drafted row's logits are the one-row decode's bit for bit, so a story full of near-ties
     comes out the same (its ~40-token prompt and 150 tokens stay within 256 cells). Without flash
     attention llama.cpp's K·Q and V products of a batch sum in another order than one row's, and
-    this story parts at character ~470 on the old engine; the new engine multiplies a verified
-    draft's attention row by row (test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention),
+    this story parts at character ~470 on the old engine; the new engine sums a verified draft's
+    attention as lone rows' (test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention),
     and its story is the same without flash attention too (it parted at ~470 before)."""
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", flash_attention=flash,
                               cache_dir=fresh_cache_dir())
@@ -368,7 +368,7 @@ def rows_unlike_alone(path: Path, options: BackendOptions) -> list[int]:
         prompt = [int(t) for t in rng.integers(100, 20000, 500)]
         tokens = [int(t) for t in rng.integers(100, 20000, 17)]
         model.compute(Batch.sequence(prompt))
-        alone = [model.compute(Batch.sequence([t], start=500 + i))[0].copy() for i, t in enumerate(tokens)]
+        alone = [model.compute(Batch.sequence([t], start=500 + i, decode=True))[0].copy() for i, t in enumerate(tokens)]
         model.cache.remove(0, 0, None)  # a window's early cells are gone: the prompt again
         model.compute(Batch.sequence(prompt))
         together = model.compute(Batch.sequence(tokens, start=500, decode=True))
@@ -378,16 +378,18 @@ def rows_unlike_alone(path: Path, options: BackendOptions) -> list[int]:
 
 
 def test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention(monkeypatch):
-    """The new engine by default, without flash attention (SmolLM2's default): a batch whose
-    every row is an output (a verified draft) multiplies attention's K·Q and V row by row
-    (``Backend.new_context(rows_alone=True)``), so with weights whose products give a row in a
-    batch its lone numbers (SmolLM2's: Q4_1 by our kernels, its Q8_0 output by llamafile's tiles,
-    which on AVX2 sum in the one-row order) each of the 17 rows is the row decoded alone, bit for
-    bit, also across 512 cells (the batch attends to 768 cells, the first lone rows to 512: the
-    cells past the history add exact zeros). GGML's own attention products sum a batch in
-    another order: then all 17 rows differed when this was written (logits up to 0.55 apart)."""
+    """The new engine by default, without flash attention (SmolLM2's default): a graph of decoded
+    tokens (``Backend.new_context(decoded=True)``: a sampled one with drafted ones) sums
+    attention's K·Q and V products of each row as GGML sums a lone row's (our f16 kernels,
+    test_f16_rows.py); with weights whose products give a row in a batch its lone
+    numbers (SmolLM2's: Q4_1 by our kernels, its Q8_0 output by llamafile's tiles, which on x86
+    sum in the one-row order) each of the 17 rows of a verified draft is the row decoded alone,
+    bit for bit, also across 512 cells (the batch attends to 768 cells, the first lone rows to
+    512: the cells past the history add exact zeros). GGML's own products take a batch to
+    llamafile's tiles, which sum in another order: then all 17 rows differed when this was
+    written (logits up to 0.55 apart)."""
     options = BackendOptions(num_threads=2, flash_attention=False)
     assert rows_unlike_alone(SMOLLM2, options) == []
     new_context = GGMLBackend.new_context
-    monkeypatch.setattr(GGMLBackend, "new_context", lambda self, rows_alone=False, max_nodes=None: new_context(self))
+    monkeypatch.setattr(GGMLBackend, "new_context", lambda self, decoded=False, max_nodes=None: new_context(self))
     assert rows_unlike_alone(SMOLLM2, options) != []

@@ -298,13 +298,14 @@ class Context(Protocol):
 class Backend(Protocol):
     """A device that holds weights and runs graphs."""
 
-    def new_context(self, rows_alone: bool = False) -> Context:
-        """A fresh, empty compute graph. ``rows_alone``: its batch's rows are decoded tokens
-        (sampled ones, and drafted ones to verify), and each is computed as it would be alone
-        where that costs little (GGML: attention's products; the weights' are left to their
-        kernels, of which Q4_1's, ours, and Q8_0's give a row in a batch its lone numbers), so
-        that drafted rows verified together give, bit for bit, what decoding them one at a time
-        gives (issue 26)."""
+    def new_context(self, decoded: bool = False) -> Context:
+        """A fresh, empty compute graph. ``decoded``: its batch's rows are decoded tokens
+        (a sampled one, alone or with drafted ones to verify), and each row's numbers are to be
+        the same whether it comes alone or with others, where that costs little (GGML:
+        attention's products of several rows are summed as one row's, by our f16 kernels; the
+        weights' are left to their kernels, of which Q4_1's, ours, and Q8_0's give a row in a
+        batch its lone numbers), so that drafted rows verified together give, bit for bit, what
+        decoding them one at a time gives (issue 26)."""
         ...
 
     def new_storage(self, specs: Sequence[tuple[str, str, Sequence[int]]]) -> Any:

@@ -61,10 +61,10 @@ class Batch:
     # batch indices that also see the later positions of their sequence in this batch (gemma3's
     # image rows attend to each other both ways); every other input is causal
     causal_except: Sequence[int] = ()
-    # the tokens are decoded ones (sampled, and drafted ones to verify): each row is computed as
-    # it would be decoded alone, where that costs little (``Backend.new_context``'s rows_alone),
-    # so a verified draft's logits are those one token at a time gives (a prompt's rows are
-    # computed as llama.cpp computes a prompt)
+    # the tokens are decoded ones (a sampled one, alone or with drafted ones to verify): each
+    # row is computed the same alone as in a batch, where that costs little
+    # (``Backend.new_context``'s decoded), so a verified draft's logits are those one token at a
+    # time gives (a prompt's rows are computed as llama.cpp computes a prompt)
     decode: bool = False
 
     def __post_init__(self) -> None:
@@ -395,7 +395,7 @@ class Model:
         return not batch.embeddings and width > TOP_CANDIDATES and rows <= _TOP_ROWS and logits.is_contiguous()
 
     def _build(self, batch: Batch, key: Hashable) -> _Graph:
-        ctx = self.backend.new_context(rows_alone=batch.decode and len(batch.tokens) > 1)
+        ctx = self.backend.new_context(decoded=batch.decode)
         logits = self.forward(ctx, self._inputs(ctx, batch))
         width = self.n_embd if batch.embeddings else self.n_vocab
         if logits.dim(0) != width or logits.dim(1) != len(batch.outputs):

@@ -31,7 +31,7 @@ from runner.ml.memory import available_memory
 from runner.ml.backend import BackendOptions, CacheConfig
 
 from . import bindings as g
-from . import q4_1
+from . import f16_rows, q4_1
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,18 @@ class GGMLTensor:
         return GGMLTensor(g.ggml_pool_2d(c.ptr, self.ptr, g.GGML_OP_POOL_AVG, k, k, k, k, 0.0, 0.0), c)
 
     def mulmat(self, b: GGMLTensor) -> GGMLTensor:
+        return GGMLTensor(self._product(b)[0], self._graph(b))
+
+    def mulmat_f32(self, b: GGMLTensor) -> GGMLTensor:
+        """:meth:`mulmat` with f32 accumulation requested (``GGML_PREC_F32``), as llama.cpp does
+        for ``K^T Q``."""
+        ptr, ggml = self._product(b)
+        if ggml:  # our kernels' ops sum in f32 (and their op params are theirs)
+            g.ggml_prec_set_acc(ptr, g.GGML_PREC_F32)
+        return GGMLTensor(ptr, self._graph(b))
+
+    def _product(self, b: GGMLTensor) -> tuple[int, bool]:
+        """``self`` times ``b`` recorded in the graph: (the result, whether GGML's mul_mat)."""
         a_ne, b_ne = self.ne, b.ne
         if a_ne[0] != b_ne[0] or b_ne[2] % a_ne[2] or b_ne[3] % a_ne[3]:
             raise ValueError(f"mulmat: {list(a_ne)} x {list(b_ne)} (ne0 must match, ne2/ne3 broadcast)")
@@ -242,26 +254,26 @@ class GGMLTensor:
         if self.type_id == g.GGML_TYPE.Q4_1 and c.backend.options.row_kernels:
             ptr = q4_1.product(c, self, b)  # GGML's numbers, several rows at a time
             if ptr is not None:
-                return GGMLTensor(ptr, c)
-        # GGML's tiles take 2 rows or more: rows laid apart go to the one-row dot products. In the
-        # batch-invariant mode every weight's rows; in a graph of lone rows (decoded tokens:
-        # sampled and drafted ones) attention's, activations times activations (``self`` is in
-        # the graph, where weights are not): with them SmolLM2's drafted rows are its rows alone,
-        # bit for bit (its Q4_1 products are our kernels', its Q8_0 ones llamafile's tiles, whose
-        # sums on x86 come in the one-row dot product's order)
+                return ptr, False
+        # llamafile's tiles take 2 rows or more and sum each row in one order, whatever the
+        # number of rows; a row alone goes to GGML's one-row dot products, which sum in another
+        # (``_TILED``). In a graph of decoded tokens (a sampled one with drafted ones) attention's
+        # products, activations times activations (``self`` is in the graph, where weights are
+        # not), are summed as a row alone is: by our f16 kernels, or with the rows laid apart,
+        # the dearer way (bench_attention_rows.py). With that SmolLM2's drafted rows are its rows
+        # alone, bit for bit (its Q4_1 products are our kernels', its Q8_0 ones llamafile's tiles,
+        # whose sums on x86 come in the one-row dot product's order). The batch-invariant mode
+        # lays every weight's rows apart
+        if c.decoded and self.ctx is not None and b_ne[1] > 1:
+            ptr = f16_rows.product(c, self, b)
+            if ptr is not None:
+                return ptr, False
         apart = ((c.backend.options.batch_invariant and a_ne[2:] == (1, 1))
-                 or (c.rows_alone and self.ctx is not None and b_ne[1] > 1))
+                 or (c.decoded and self.ctx is not None and b_ne[1] > 1))
         kind = _TILED.get(self.type_id) if apart else None
         if kind is not None and b.type_id == g.GGML_TYPE.F32:
-            return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, _rows_apart(c, b, kind)), c)
-        return GGMLTensor(g.ggml_mul_mat(c.ptr, self.ptr, b.ptr), c)
-
-    def mulmat_f32(self, b: GGMLTensor) -> GGMLTensor:
-        """:meth:`mulmat` with f32 accumulation requested (``GGML_PREC_F32``), as llama.cpp does
-        for ``K^T Q``."""
-        out = self.mulmat(b)
-        g.ggml_prec_set_acc(out.ptr, g.GGML_PREC_F32)
-        return out
+            return g.ggml_mul_mat(c.ptr, self.ptr, _rows_apart(c, b, kind)), True
+        return g.ggml_mul_mat(c.ptr, self.ptr, b.ptr), True
 
     def softmax(self, mask: GGMLTensor | None, scale: float) -> GGMLTensor:
         c = self._graph(mask)
@@ -491,10 +503,10 @@ class _Input:
 class GraphContext:
     """One compute graph. Not thread-safe: build and run it from one thread."""
 
-    def __init__(self, backend: GGMLBackend, max_nodes: int, rows_alone: bool = False) -> None:
+    def __init__(self, backend: GGMLBackend, max_nodes: int, decoded: bool = False) -> None:
         self.backend = backend
         self.max_nodes = max_nodes
-        self.rows_alone = rows_alone  # each row computed as it would be alone (Backend.new_context)
+        self.decoded = decoded  # rows of decoded tokens, the same alone as together (Backend.new_context)
         # tensors of a graph: nodes + views + leafs; views are not graph nodes, so allow 2x
         self.ptr = _new_ggml_context(2 * max_nodes + 64, max_nodes)
         self.graph = g.ggml_new_graph_custom(self.ptr, max_nodes, False)
@@ -741,8 +753,8 @@ class GGMLBackend:
         self.num_threads = n
         g.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
-    def new_context(self, rows_alone: bool = False, max_nodes: int | None = None) -> GraphContext:
-        return GraphContext(self, max_nodes or self.options.max_graph_nodes, rows_alone)
+    def new_context(self, decoded: bool = False, max_nodes: int | None = None) -> GraphContext:
+        return GraphContext(self, max_nodes or self.options.max_graph_nodes, decoded)
 
     def new_storage(self, specs: Iterable[tuple[str, str, Sequence[int]]]) -> Storage:
         specs = list(specs)

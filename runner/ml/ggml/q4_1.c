@@ -45,6 +45,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_check.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define Q41_X86 1
 #include <immintrin.h>
@@ -163,12 +165,7 @@ TILES_OF(avx2, AVX2)
 TILES_OF(vnni, VNNI)
 
 static void pick_variant(void) {
-    __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return;
-    /* F16C has no __builtin_cpu_supports name in every GCC: CPUID leaf 1, ECX bit 29 */
-    unsigned int a, b, c, d;
-    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
-    if (!(c & (1u << 29))) return;
+    if (!cpu_runs_avx2_kernels()) return;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) {
         RUNS[n_runs].name = "avx512-vnni";
         RUNS[n_runs++].tiles = TILES_vnni;
@@ -222,28 +219,6 @@ static void product_op(void *dst, int ith, int nth, void *userdata) {
 }
 
 /* ------------------------------------------------------------------------------ the check */
-static uint32_t rng_state = 2463534242u;
-static uint32_t rng(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
-}
-
-static uint16_t half_of(float f) {  /* round to nearest even fp16, finite normal range only */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    const uint32_t sign = (u >> 16) & 0x8000u;
-    int32_t e = (int32_t)((u >> 23) & 0xff) - 127 + 15;
-    uint32_t mant = u & 0x7fffffu;
-    if (e <= 0) return (uint16_t)sign;
-    uint32_t h = ((uint32_t)e << 10) | (mant >> 13);
-    const uint32_t rest = mant & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
-static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng() >> 8) / 16777216.0f; }
 
 /* every tile shape and a few row lengths, against GGML's own dot product */
 static long check_products(tile_table tiles, vec_dot_fn vec_dot) {
