@@ -169,9 +169,12 @@ def pollama_rows(model: str, engine: str, prompts: dict[str, str], runs: int, to
 
 def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth: int, threads: int,
             n: int = 4) -> tuple[list[float], list[float], str]:
-    """Aggregate tok/s of ``n`` concurrent streams, without and with drafts; the texts equal."""
+    """Aggregate tok/s of ``n`` concurrent streams, without and with drafts, and how many texts
+    the streams gave each way. Concurrent streams' texts differ without drafts too: a stream's
+    decoded row shares a batch with another's prompt when the arrivals fall so, and is then
+    computed as a prompt's row is (llamafile's tiles), which rounds differently than alone."""
     r = load_runner(model, engine, threads, n)
-    texts: list[str] = []
+    texts: dict[int, list[str]] = {0: [], depth: []}
     try:
         def once(d: int) -> float:
             out: list[Gen] = [None] * n  # type: ignore[list-item]
@@ -186,7 +189,7 @@ def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth:
             for t in threads_:
                 t.join()
             wall = time.perf_counter() - t0
-            texts.extend(g.text for g in out)
+            texts[d].extend(g.text for g in out)
             return sum(g.tokens for g in out) / wall
 
         once(0)
@@ -194,7 +197,9 @@ def streams(model: str, engine: str, prompt: str, runs: int, tokens: int, depth:
         for _ in range(runs):
             off.append(once(0))
             on.append(once(depth))
-        return off, on, same_text(texts)
+        plain, drafted = set(texts[0]), set(texts[depth])
+        return off, on, (f"{len(plain)} / {len(drafted)}, {len(drafted & plain)} of them the same"
+                         + (f"; {same_text(texts[0] + texts[depth])}" if len(plain | drafted) > 1 else ""))
     finally:
         r.close()
 
@@ -302,7 +307,7 @@ def main() -> None:
                           f"{acc(gens[:1])}; {acc(gens[1:])} |")
         if not a.no_streams:
             print(f"\n4 streams, one runner (num_parallel 4), task rewrite (load average {load_avg()})\n")
-            print("| engine | aggregate tok/s, no drafts | drafts | drafts / none | same text |")
+            print("| engine | aggregate tok/s, no drafts | drafts | drafts / none | distinct texts, no drafts / drafts |")
             print("|---|---:|---:|---:|---|")
             for engine in engines:
                 off, on, same = streams(model, engine, prompts[tasks[0]], a.runs, a.tokens, a.depth, a.threads)
