@@ -45,23 +45,27 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from runner.api import Options
+
+_DEFAULTS = Options()  # the sampling options' defaults, written once: in runner.api.Options
+
 __all__ = ["Sampler", "SamplerOptions", "apply_penalties", "penalized", "top_ids", "top_ids_values"]
 
 
 @dataclass(frozen=True)
 class SamplerOptions:
-    """Sampling parameters, with Ollama's names and defaults (``runner.api.Options``)."""
+    """Sampling parameters, with Ollama's names; their defaults are ``runner.api.Options``'."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.9
-    min_p: float = 0.0
-    typical_p: float = 1.0
-    seed: int = -1
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64  # 0: off, -1: the whole context (num_ctx)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = _DEFAULTS.temperature
+    top_k: int = _DEFAULTS.top_k
+    top_p: float = _DEFAULTS.top_p
+    min_p: float = _DEFAULTS.min_p
+    typical_p: float = _DEFAULTS.typical_p
+    seed: int = _DEFAULTS.seed
+    repeat_penalty: float = _DEFAULTS.repeat_penalty
+    repeat_last_n: int = _DEFAULTS.repeat_last_n  # 0: off, -1: the whole context (num_ctx)
+    presence_penalty: float = _DEFAULTS.presence_penalty
+    frequency_penalty: float = _DEFAULTS.frequency_penalty
 
     @classmethod
     def from_options(cls, options: object) -> SamplerOptions:
