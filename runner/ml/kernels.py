@@ -10,7 +10,7 @@ engine says how it multiplies (:attr:`runner.loop.engine.Engine.multiplies`), fr
   tiles (Q8_0, Q5_0, Q4_0, F16, BF16, F32), or tiled from 8 rows (the K-quants). A mixed file
   (Q4_K_M: Q4_K, Q6_K, and Q5_0 where rows are too short for K-quants) is all of these.
 - :data:`TILED`: our kernels for Q4_1 (``runner/ml/ggml/q4_1.c``, the new engine's), 4 weight
-  rows by 4 activation rows at a time, with GGML's one-row numbers.
+  rows by 4 activation rows at a time (8 on AVX-512), with GGML's one-row numbers.
 - :data:`PER_ROW`: everything else, GGML's one-row dot products once per weight row and batch
   row (Q4_1 and Q5_1 in llama.cpp; every type but Q4_1 in the new engine's batch-invariant mode,
   where our kernels, exact for a row in any batch, still run): rows cost nearly as much as steps

@@ -3,8 +3,9 @@
 GGML's CPU backend multiplies Q4_1 weights one (weight row, activation row) pair at a time,
 so a batch of n rows costs about n single rows (``bench/bench_rows.py``: SmolLM2-135M Q4_1, 16
 rows 7.6x one). ``q4_1.c`` (its header says how) computes the same sums, in the same order,
-holding 4 weight rows and 4 activation rows at a time: prompts and drafted rows (issue 26) cost
-less, and every number is still the one GGML gives a row alone, which llama.cpp gives too.
+holding 4 weight rows and 4 activation rows at a time (8 activation rows on AVX-512): prompts
+and drafted rows (issue 26) cost less, and every number is still the one GGML gives a row alone,
+which llama.cpp gives too.
 
 :func:`product` records such a product in a graph as two ops (quantize the rows to Q8_1 as
 GGML's mul_mat would, then multiply), or returns None where GGML's own ``mul_mat`` is used:
