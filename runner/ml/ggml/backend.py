@@ -273,6 +273,8 @@ class GGMLTensor:
         kind = _TILED.get(self.type_id) if apart else None
         if kind is not None and b.type_id == g.GGML_TYPE.F32:
             return g.ggml_mul_mat(c.ptr, self.ptr, _rows_apart(c, b, kind)), True
+        if not apart and _pads(self, b):
+            return _padded_product(c, self, b), False
         return g.ggml_mul_mat(c.ptr, self.ptr, b.ptr), True
 
     def softmax(self, mask: GGMLTensor | None, scale: float) -> GGMLTensor:
@@ -646,6 +648,34 @@ _TILED = {g.GGML_TYPE.F32: g.GGML_TYPE.F32, g.GGML_TYPE.F16: g.GGML_TYPE.F16, g.
           g.GGML_TYPE.Q8_0: g.GGML_TYPE.Q8_0, g.GGML_TYPE.Q4_0: g.GGML_TYPE.Q8_0, g.GGML_TYPE.Q5_0: g.GGML_TYPE.Q8_0,
           g.GGML_TYPE.IQ4_NL: g.GGML_TYPE.Q8_0}
 _ROW_GAP = 32  # elements (one block of any type) left between rows so that they are not contiguous
+# the weight types llamafile's quantized tiles (tinyBLAS_Q0) multiply on x86 where not repacked
+_TILED_Q0 = frozenset((g.GGML_TYPE.Q8_0, g.GGML_TYPE.Q4_0, g.GGML_TYPE.Q5_0, g.GGML_TYPE.IQ4_NL))
+_TILE_ROWS = 4  # the activation rows a tile of them holds
+
+
+def _pads(w: GGMLTensor, b: GGMLTensor) -> bool:
+    """Whether ``w`` times ``b`` is recorded with ``b``'s rows padded to a whole number of tiles.
+
+    llamafile's tiles take the activation rows 4 at a time, then the rows left over in a second
+    pass over the whole weight matrix (its ``mnpack``): a 5-row step reads SmolLM2's 30 MB
+    output matrix twice, and costs 1.2 ms more than an 8-row one (bench_rows.py). Each sum is
+    formed in the same order in every tile shape (``_product``), so zero rows added to make a
+    whole tile change no number of the others. Weights only (not attention's products), not
+    repacked ones (GGML's repacked kernels take rows otherwise), and more than one tile's rows."""
+    n = b.ne[1]
+    return (w.ctx is None and w.type_id in _TILED_Q0 and not g.ggml_tensor.from_address(w.ptr).extra
+            and b.type_id == g.GGML_TYPE.F32 and n > _TILE_ROWS and n % _TILE_ROWS != 0
+            and b.ne[2:] == (1, 1) and w.ne[2:] == (1, 1) and b.is_contiguous())
+
+
+def _padded_product(c: GraphContext, w: GGMLTensor, b: GGMLTensor) -> int:
+    """``w`` times ``b`` with ``b``'s rows padded with zero rows to a multiple of _TILE_ROWS
+    (``_pads``): the product's first ``n`` columns, as a view."""
+    n = b.ne[1]
+    padded = g.ggml_pad(c.ptr, b.ptr, 0, -n % _TILE_ROWS, 0, 0)
+    product = g.ggml_mul_mat(c.ptr, w.ptr, padded)
+    row = g.ggml_tensor.from_address(product).nb[1]
+    return g.ggml_view_2d(c.ptr, product, w.ne[1], n, row, 0)
 
 
 def _rows_apart(c: GraphContext, b: GGMLTensor, kind: int) -> GGMLTensor:
