@@ -7,8 +7,8 @@ a single row, and how much more depends on how the CPU kernels multiply the mode
 rows of Q4_1 or Q5_1 weights, one dot product per weight row and batch row, so 2 rows cost 2.2x
 one, 8 rows 4.5x, 16 rows 7.1x (SmolLM2 Q4_1 in llama.cpp); the other types are repacked or tiled
 for batches and read once for all rows (gemma-3-270m Q4_K_M, and SmolLM2 requantized to Q4_K_M or
-Q8_0: 16 rows ~5x), and the new engine's own Q4_1 kernels hold 4 rows at a time (SmolLM2 Q4_1: 16
-rows 4.4-5.5x); rows past a multiple of 4 cost another pass over the weights, so such drafts are
+Q8_0: 16 rows ~5x), and the new engine's own Q4_1 kernels hold 4 rows at a time, 8 on AVX-512
+(SmolLM2 Q4_1: 16 rows 4.3-5.5x); rows past a multiple of 4 cost another pass over the weights, so such drafts are
 4k - 1 tokens deep. If each drafted token is right with probability ``a`` given that the ones before it were (the sequence's
 *acceptance*), the step yields ``1 + a + a^2 + ... + a^k`` tokens on average. So a draft of ``k``
 pays when that sum over ``cost(1 + k) / cost(1)`` beats 1, and the best ``k`` maximises it: on
@@ -77,7 +77,9 @@ ROW_GROUP = 4
 #: and Q8_0; "tiled", our Q4_1 kernels, measured on SmolLM2-135M Q4_1 (new engine, the median of
 #: three runs of medians of 6-8 rounds, whose 16 rows read 4.42x, 4.92x and 5.54x on this shared
 #: machine: 2 rows 1.51x, 4 1.91x, 8 3.16x, 16 4.92x, 32 8.71x; 4k + 1, 2, 3 rows ~0.6, 0.8, 0.9
-#: more than 4k); "per-row", :data:`ROW_COST` (``bench/bench_rows.py`` measures them all). A fixed
+#: more than 4k; the wide AVX-512 tiles later made 5-16 rows 10-20% cheaper, 16 rows 4.27x, but a
+#: replay with the table refit to that drafted more and gained less, so it stands); "per-row",
+#: :data:`ROW_COST` (``bench/bench_rows.py`` measures them all). A fixed
 #: table, not one measured at load: the depth, and with it which rows are computed in one batch,
 #: must follow from the tokens alone (see above)
 ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | None]] = {
