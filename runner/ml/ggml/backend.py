@@ -657,8 +657,9 @@ def _pads(w: GGMLTensor, b: GGMLTensor) -> bool:
     """Whether ``w`` times ``b`` is recorded with ``b``'s rows padded to a whole number of tiles.
 
     llamafile's tiles take the activation rows 4 at a time, then the rows left over in a second
-    pass over the whole weight matrix (its ``mnpack``): a 5-row step reads SmolLM2's 30 MB
-    output matrix twice, and costs 1.2 ms more than an 8-row one (bench_rows.py). Each sum is
+    pass over the whole weight matrix (its ``mnpack``): a 5-row step read SmolLM2's 30 MB
+    output matrix twice, 3.4 ms against 2.1-2.2 ms at 4, 8 or 16 rows (perf), and the whole step
+    cost more than one of 8 rows. Each sum is
     formed in the same order in every tile shape (``_product``), so zero rows added to make a
     whole tile change no number of the others. Weights only (not attention's products), not
     repacked ones (GGML's repacked kernels take rows otherwise), and more than one tile's rows."""
