@@ -21,6 +21,7 @@ import runner
 from runner import config
 from runner.api import Options
 from tests.conftest import STORIES
+from tests.test_spec_models import gemma3_path  # noqa: F401  (the fixture)
 
 PROMPT = "Once upon a time, there was a little girl named Lily. She liked to play"
 
@@ -100,3 +101,29 @@ def test_one_output_is_still_the_default(engine):
     engine.prepare()
     engine.decode()
     assert last == len(prompt) - 1 and engine.logits(last).shape == (engine.n_vocab,)
+
+
+@pytest.mark.slow
+def test_no_step_of_a_drafted_answer_grows_the_new_engine_s_compute_buffer(gemma3_path):  # noqa: F811
+    """The new engine sizes its compute buffer at load for the worst prompt and the worst step
+    verifying a draft (decoded rows have their own graph layout: a 33-row step of gemma-3-270m
+    needed 80 KiB more than the prompt's worst case). Grown mid-answer, the buffer would make every
+    built graph stale (built again, or under the pipeline a request failing). After a 509-token
+    prompt, steps of 33, 17 and 5 decoded rows leave it as it was."""
+    from runner.engines.ggml.engine import GGMLEngine
+
+    cfg = dataclasses.replace(config.load({}), new_engine=True)
+    info = runner.resolve(str(gemma3_path), cfg).info
+    plan = runner.load_options(info, Options().merged({"num_ctx": 2048, "num_batch": 512, "num_thread": 2}), cfg, 1)
+    engine = GGMLEngine(info, plan)
+    try:
+        backend = engine.model.backend
+        size, generation = backend.compute_buffer_size, backend.generation
+        ids = engine.tokenize(PROMPT * 60)[:560]
+        decode(engine, ids[:509], 0)
+        for n in (33, 17, 5):
+            decode(engine, ids[509:509 + n], 509, n)
+            engine.kv.seq_rm(0, 509, None)
+        assert (backend.compute_buffer_size, backend.generation) == (size, generation)
+    finally:
+        engine.close()

@@ -277,22 +277,25 @@ class Model:
             raise ModelLoadError(f"cannot allocate the KV cache for num_ctx {num_ctx}: {e}") from e
         self.reserve(num_batch, n_outputs=num_parallel)
 
-    def reserve(self, n_tokens: int, n_outputs: int = 1, embeds: bool = False) -> int:
+    def reserve(self, n_tokens: int, n_outputs: int = 1, embeds: bool = False, decode: bool = False) -> int:
         """Build the worst-case graph (``n_tokens`` tokens attending to the whole cache; with
-        ``embeds``, given embeddings instead of tokens: an image batch) and size the compute
-        buffer for it (the buffer only grows); returns the compute buffer's bytes."""
-        n_outputs = max(1, min(n_outputs, n_tokens))
+        ``embeds``, given embeddings instead of tokens: an image batch; with ``decode``, decoded
+        tokens, every one an output: a step verifying a draft, whose graph is laid out otherwise)
+        and size the compute buffer for it (the buffer only grows); returns the compute buffer's
+        bytes."""
+        n_outputs = n_tokens if decode else max(1, min(n_outputs, n_tokens))
         batch = Batch(
             tokens=[0] * n_tokens,
             positions=list(range(n_tokens)),
             sequences=[0] * n_tokens,
             outputs=list(range(n_tokens - n_outputs, n_tokens)),
             embeds=np.zeros((n_tokens, self.n_embd), dtype=np.float32) if embeds else None,
+            decode=decode,
         )
         cache = self.cache
         try:
             cache.start_forward(None, batch, reserve=True)
-            ctx = self.backend.new_context()
+            ctx = self.backend.new_context(decoded=decode)
             try:
                 size = ctx.reserve(self.forward(ctx, self._inputs(ctx, batch)))
             finally:

@@ -83,8 +83,11 @@ class GGMLEngine:
         self.vision: Vision | None = None
         try:
             self.model.init_cache(num_ctx * num_parallel, num_parallel, num_batch, load.kv_cache_type)
-            # a decode that verifies a draft has an output row per drafted token (runner.spec)
+            # a decode that verifies a draft has an output row per drafted token (runner.spec),
+            # and its graph its own layout (decoded rows' attention): both worst cases, so that
+            # no step grows the compute buffer mid-answer (which makes every built graph stale)
             self.model.reserve(num_batch, n_outputs=num_parallel + MAX_DRAFT)
+            self.model.reserve(min(num_batch, max(num_parallel, 1 + MAX_DRAFT)), decode=True)
             if info.projector is not None:
                 # the worst-case image batch (num_batch given embeddings) in the compute buffer,
                 # and the encoder's own graph: a vision model that loads cannot fail mid-answer
