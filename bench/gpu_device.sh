@@ -13,7 +13,8 @@
 #   stories260K.gguf   the tokenizer bench/gpu_model.py borrows
 # It builds llama.cpp with CUDA for sm_90 (about 2.5 minutes on 16 cores, flash-attention kernels off),
 # writes a 1.4 GB random-weight model, runs bench/gpu_probe.py (an offloaded old-engine load, in process,
-# under faulthandler) and bench/gpu_check.py. Everything it prints also goes to $OUT/log.txt.
+# under faulthandler; a hang gets cuda-gdb's native stacks, a crash a second run under cuda-gdb) and
+# bench/gpu_check.py (GPU_BENCH=1: llama-bench too). Everything it prints also goes to $OUT/log.txt.
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 REPO=$PWD
 LOG=${OUT:-/tmp}/log.txt
@@ -31,17 +32,35 @@ cmake -S /tmp/lc -B /tmp/lcb -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_
 timeout 120 python3 bench/gpu_model.py /tmp/gm.gguf --tokenizer .gpu/stories260K.gguf > /tmp/gm.log 2>&1 &
 model=$!
 step build
-cmake --build /tmp/lcb -j16 --target llama mtmd llama-bench >>"$LOG" 2>&1 || { step build failed; tail -40 "$LOG"; exit 1; }
+cmake --build /tmp/lcb -j16 --target llama mtmd ${GPU_BENCH:+llama-bench} >>"$LOG" 2>&1 || { step build failed; tail -40 "$LOG"; exit 1; }
 step built
 wait $model || { step model failed; cat /tmp/gm.log; exit 1; }
 cat /tmp/gm.log | tee -a "$LOG"
 export LLAMA_CPP_LIB_PATH=/tmp/lcb/bin MTMD_CPP_LIB=/tmp/lcb/bin LD_LIBRARY_PATH=/tmp/lcb/bin:$LD_LIBRARY_PATH
 step probe
-timeout 120 python3 bench/gpu_probe.py /tmp/gm.gguf -1 > /tmp/probe.txt 2>&1
-echo "probe rc=$?" | tee -a "$LOG"
+# in the background, so that a hang can be looked into: after 80 s, cuda-gdb attaches for the
+# native stacks of every thread, then SIGABRT makes faulthandler print the Python ones
+timeout 150 python3 bench/gpu_probe.py /tmp/gm.gguf -1 > /tmp/probe.txt 2>&1 &
+probe=$!
+for i in $(seq 80); do kill -0 $probe 2>/dev/null || break; sleep 1; done
+if kill -0 $probe 2>/dev/null; then
+  step "probe still running after 80 s: native stacks"
+  pid=$(pgrep -f "gpu_probe.py /tmp/gm.gguf" | head -1)
+  timeout 60 cuda-gdb -q -batch -p "$pid" -ex "set pagination off" -ex "thread apply all bt 25" 2>&1 | grep -v "^\[New LWP" | tail -120 | tee -a "$LOG"
+  kill -ABRT "$pid"; sleep 2
+fi
+wait $probe; rc=$?
+echo "probe rc=$rc" | tee -a "$LOG"
 grep -v " DEBUG \|llama_model_loader: - \|print_info" /tmp/probe.txt | tail -60 | tee -a "$LOG"
-step llama-bench
-timeout 120 /tmp/lcb/bin/llama-bench -m /tmp/gm.gguf -ngl 0,8,99 -fa 0 -p 512 -n 128 -r 2 2>&1 | tee -a "$LOG" | tail -10
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 134 ]; then
+  step "probe crashed: again under cuda-gdb for the native stack"
+  timeout 100 cuda-gdb -q -batch -ex "set pagination off" -ex run -ex "bt 40" -ex "info threads" \
+    --args python3 bench/gpu_probe.py /tmp/gm.gguf -1 2>&1 | grep -v "^\[New \|^\[Thread .* exited\]" | tail -80 | tee -a "$LOG"
+fi
+if [ -n "$GPU_BENCH" ]; then
+  step llama-bench
+  timeout 120 /tmp/lcb/bin/llama-bench -m /tmp/gm.gguf -ngl 0,8,99 -fa 0 -p 512 -n 128 -r 2 2>&1 | tee -a "$LOG" | tail -10
+fi
 step gpu_check
-timeout 240 python3 bench/gpu_check.py --model /tmp/gm.gguf 2>&1 | tee -a "$LOG" | tail -30
+timeout 200 python3 bench/gpu_check.py --model /tmp/gm.gguf 2>&1 | tee -a "$LOG" | tail -30
 step done

@@ -22,7 +22,12 @@ $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --imp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl $pins
 cp -r "$($PY -c 'import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))')" .gpu/site/llama_cpp
 rm -rf .gpu/site/llama_cpp/lib .gpu/site/llama_cpp/__pycache__
-P312=$(command -v python3.12 || echo ~/.pyenv/versions/3.12.1/bin/python3.12)
+# a Python 3.12 that runs (a pyenv shim for a version not selected is found but fails)
+P312=""
+for c in python3.12 ~/.pyenv/versions/3.12*/bin/python3.12; do
+  if "$c" -c pass 2>/dev/null; then P312=$c; break; fi
+done
+[ -n "$P312" ] || { echo "gpu_prepare.sh: no Python 3.12 here to build best.c for the device" >&2; exit 1; }
 gcc -O3 -shared -fPIC -I"$($P312 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
   runner/sample/best.c -o .gpu/ext/_best.cpython-312-x86_64-linux-gnu.so
 cp ../shared/models/stories260K.gguf .gpu/
