@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
-import llama_cpp as L  # noqa: E402
 
-import runner  # noqa: E402
+import runner  # noqa: E402  (before llama_cpp: runner/native.py)
+import llama_cpp as L  # noqa: E402
 from runner import config  # noqa: E402
 from runner.api import Options, Request  # noqa: E402
 from runner.loading import gpu  # noqa: E402

@@ -12,6 +12,10 @@ engine cannot load it, gets one notice line (logged as a warning) and the old en
 
 from __future__ import annotations
 
+from .native import load_cxx_runtime
+
+load_cxx_runtime()  # first: the C++ runtime before llama.cpp's and GGML's libraries (runner/native.py)
+
 import functools
 import logging
 import time
