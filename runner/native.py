@@ -8,8 +8,8 @@ decides what every later one binds to. A CUDA build's ``libggml-cuda.so`` (built
 defines its own instances of libstdc++ templates, such as ``std::ostream::_M_insert<long>``,
 and comes before libstdc++ in that scope: ``libllama.so`` then printed the loaded model's
 layers through them and died with a segmentation fault in ``llama_model::print_info``, at
-every offloaded load on an H200 (bench/gpu_device.sh; llama-bench, an executable that links
-libstdc++ itself, ran). With libstdc++ loaded globally first, those symbols bind to it.
+every offloaded load on an H200 (bench/gpu_device.sh; llama-bench ran: an executable comes first
+in its own scope). With libstdc++ loaded globally first, those symbols bind to it.
 """
 
 from __future__ import annotations
