@@ -4,9 +4,10 @@ The decision procedure is proved exact on the batch-invariant fake engine (test_
 Real engines add one caveat: some of GGML's CPU kernels compute a row's logits in another summation
 order in a batch of several rows than alone, so a drafted row's logits may differ from the one-row
 decode's in their last bits, and a greedy choice whose two best logits are that close may flip.
-Measured (17 rows against one): attention without flash attention does in llama.cpp (SmolLM2's
-story parts at character ~470; the new engine multiplies a batch of decoded tokens' attention row
-by row, and its rows are the lone rows', tested at the end), flash attention does for one row once
+Measured (17 rows against one): attention without flash attention does in GGML's own products
+(SmolLM2's story parted at character ~470 on both engines; a batch of decoded tokens' attention is
+now summed as lone rows' on both, by the new engine's graph and the old engine's eval callback,
+tested at the end), flash attention does for one row once
 the cache spans 512 cells (split across threads) and for 64 rows or more (tiled), and so do the
 matrix products of weights GGML multiplies by llamafile's tiles from 2 rows on (F32, F16, BF16,
 Q4_0, Q5_0, IQ4_NL: most of gemma-3-270m's; Q8_0's sum in the one-row order on x86), and of
@@ -112,18 +113,18 @@ def test_smollm2_rewrite_is_the_same_with_drafts(smollm, depth):
 STORY = "Write a long story about a lighthouse keeper and a storm."
 
 
-@pytest.mark.parametrize("engine,flash", [("old", True), pytest.param("new", True, marks=pytest.mark.slow), ("new", False)],
-                         ids=["old-fa", "new-fa", "new-nofa"])
+@pytest.mark.parametrize("engine,flash", [("old", True), pytest.param("new", True, marks=pytest.mark.slow), ("new", False),
+                                          ("old", False)],
+                         ids=["old-fa", "new-fa", "new-nofa", "old-nofa"])
 def test_an_open_ended_story_is_byte_identical(engine, flash):
     """With flash attention, while the cache spans under 512 cells (GGML's CPU kernel splits one
     row's cells across threads from there), a query row's attention is computed on its own, and
     SmolLM2's Q4_1 matrix products take each row's dot products in one order whatever the batch:
     a drafted row's logits are the one-row decode's bit for bit, so a story full of near-ties
     comes out the same (its ~40-token prompt and 150 tokens stay within 256 cells). Without flash
-    attention llama.cpp's K·Q and V products of a batch sum in another order than one row's, and
-    this story parts at character ~470 on the old engine; the new engine sums a verified draft's
-    attention as lone rows' (test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention),
-    and its story is the same without flash attention too (it parted at ~470 before)."""
+    attention GGML's K·Q and V products of a batch sum in another order than one row's, and this
+    story parted at character ~470; both engines now sum a verified draft's attention as lone rows'
+    (the tests at the end), and the story is the same without flash attention too."""
     cfg = dataclasses.replace(config.load({}), new_engine=engine == "new", flash_attention=flash,
                               cache_dir=fresh_cache_dir())
     r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 1024}), cfg, num_parallel=1)
@@ -393,3 +394,52 @@ def test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention(monkeyp
     new_context = GGMLBackend.new_context
     monkeypatch.setattr(GGMLBackend, "new_context", lambda self, decoded=False, max_nodes=None: new_context(self))
     assert rows_unlike_alone(SMOLLM2, options) != []
+
+
+def old_engine_rows_unlike_alone(r) -> tuple[list[int], int]:
+    """:func:`rows_unlike_alone` on a loaded old-engine runner (SmolLM2, 1024 cells), through the
+    engine's own batch calls: (the rows that differ, attention products redone)."""
+    engine = r.model_engine
+
+    def step(tokens: list[int], pos: int, outputs: int) -> int:
+        engine.batch_begin()
+        last = engine.batch_add(tokens, pos, 0, outputs)
+        engine.prepare()
+        engine.decode()
+        return last
+
+    rng = np.random.default_rng(7)
+    prompt = [int(t) for t in rng.integers(100, 20000, 500)]
+    tokens = [int(t) for t in rng.integers(100, 20000, 17)]
+    engine.kv.seq_rm(0, 0, None)
+    for start in range(0, len(prompt), 256):
+        step(prompt[start:start + 256], start, 1)
+    alone = [engine.logits(step([t], 500 + i, 1)).copy() for i, t in enumerate(tokens)]
+    engine.kv.seq_rm(0, 500, None)
+    first = step(tokens, 500, len(tokens)) - len(tokens) + 1
+    together = [engine.logits(first + i).copy() for i in range(len(tokens))]
+    redone = engine._attention.redone if engine._attention is not None else 0
+    return [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)], redone
+
+
+def test_old_engine_drafted_rows_are_the_rows_decoded_alone_without_flash_attention(monkeypatch):
+    """The old engine without flash attention (its default): llama.cpp multiplies a batch's
+    attention with llamafile's tiles, a lone row's with ggml_vec_dot_f16, and the two sum in other
+    orders. For a batch of decoded tokens its eval callback has llama.cpp compute those two
+    products (K·Q and V by the scores, 30 layers each) as lone rows' instead, with our f16 kernels
+    (runner/engines/llamacpp/attention.py): each of the 17 rows is then the row decoded alone, bit
+    for bit, across 512 cells too. Without the callback all 17 differed when this was written
+    (logits up to 0.55 apart)."""
+    from runner.engines.llamacpp.attention import LoneRowAttention
+
+    r = load(SMOLLM2, "old", num_ctx=1024)
+    try:
+        assert old_engine_rows_unlike_alone(r) == ([], 60)
+    finally:
+        r.close()
+    monkeypatch.setattr(LoneRowAttention, "create", classmethod(lambda cls: None))
+    r = load(SMOLLM2, "old", num_ctx=1024)
+    try:
+        assert old_engine_rows_unlike_alone(r)[0] != []
+    finally:
+        r.close()

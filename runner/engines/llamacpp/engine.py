@@ -31,6 +31,7 @@ from ...loop.embedding import MAX_LANES, batch_size
 from ...loop.slots import ImageInput, Input
 from ...sample.grammar import init_sampler
 from ...sample.samplers import Sampler, SamplerOptions
+from .attention import LoneRowAttention
 from .embed import EmbedContext
 from .kv import LlamaKv
 from .llamalog import log_callback
@@ -192,10 +193,18 @@ class LlamaEngine:
         # flash attention and the KV cache type as runner.loading.plan resolved them
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if load.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[load.kv_cache_type]
+        # a verified draft's attention summed as lone rows' (attention.py); flash attention and
+        # a quantized cache have no f16 products to redo
+        self._attention = (LoneRowAttention.create()
+                           if not load.flash_attention and load.kv_cache_type == "f16" else None)
+        if self._attention is not None:
+            self._attention.hook(cparams)
         with _capture_llama_log() as captured:
             self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             L.llama_model_free(self._model)
+            if self._attention is not None:
+                self._attention.close()
             raise LoadError(
                 f"cannot create a context of {num_ctx}×{num_parallel} tokens for {info.name}: "
                 f"{_load_failure_reason(captured.lines)}"
@@ -277,11 +286,20 @@ class LlamaEngine:
         assert self._prepared is not None
         batch, self._prepared = self._prepared, None
         batch.struct.n_tokens = batch.n
+        attention = self._attention
+        if attention is not None:  # every row an output: decoded tokens (sampled ones, drafted ones)
+            attention.decoding(batch.n > 1 and bool(batch.logits[:batch.n].all()))
         if started is not None:
             started.set()
-        rc = L.llama_decode(self._ctx, batch.struct)
+        try:
+            rc = L.llama_decode(self._ctx, batch.struct)
+        finally:
+            if attention is not None:  # an image's decode (libmtmd's) is not one
+                attention.decoding(False)
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
+        if attention is not None and attention.failed():
+            raise LoadError("llama_decode failed: out of memory for the drafted rows' attention")
 
     def image_inputs(self, image: Image) -> list[Input]:
         if self.vision is None:
@@ -388,6 +406,9 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             L.llama_model_free(self._model)
             self._model = None
+        if getattr(self, "_attention", None) is not None:
+            self._attention.close()
+            self._attention = None
 
 
 def llama_tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:

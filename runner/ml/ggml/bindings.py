@@ -195,6 +195,15 @@ ggml_is_contiguous = _bind(_base, "ggml_is_contiguous", c_bool, [P])
 ggml_can_repeat = _bind(_base, "ggml_can_repeat", c_bool, [P, P])
 ggml_are_same_shape = _bind(_base, "ggml_are_same_shape", c_bool, [P, P])
 ggml_op_desc = _bind(_base, "ggml_op_desc", c_char_p, [P])
+ggml_op_name = _bind(_base, "ggml_op_name", c_char_p, [c_int])
+
+
+def op_id(name: str) -> int:
+    """``enum ggml_op``'s value of the op GGML names ``name`` ("MUL_MAT", "CUSTOM")."""
+    for op in range(256):  # GGML_OP_COUNT is ~90: an op this build has is found before
+        if ggml_op_name(op) == name.encode():
+            return op
+    raise LookupError(f"this GGML build has no op {name}")
 
 # ------------------------------------------------------------------------------ ggml.h: tensors
 ggml_new_tensor = _bind(_base, "ggml_new_tensor", P, [P, c_int, c_int, POINTER(I64)])

@@ -41,7 +41,15 @@
      src[0] f16 [k, m, a2, a3] (rows of stride nb[1], any nb[2], nb[3]; broadcast over dims 2, 3
      as mul_mat broadcasts), src[1] f16 [k, n, n2, n3] contiguous: dst[., j, i2, i3][i] = row i
      of src[0] (of its matrix i2 / (n2 / a2), i3 / (n3 / a3)) . row j of src[1]. The work is
-     split among threads in chunks of CHUNK cache rows of one matrix. */
+     split among threads in chunks of CHUNK cache rows of one matrix.
+   attention_callback() -> int
+     Address of a ggml_backend_sched_eval_callback for a llama.cpp context (the old engine,
+     runner/engines/llamacpp/attention.py): while its state's first int32 is set, it has
+     llama.cpp compute attention's products as the op above does (below, "llama.cpp's attention").
+   attention_new(ggml_cpu_fp32_to_fp16, GGML_OP_CUSTOM, offsets of type, op, op_params, name) -> int
+     Address of the callback's state (its user data); attention_free(state) frees it,
+     attention_failed(state) says (and clears) whether a thread could not allocate its rows,
+     attention_redone(state) counts the products computed so. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -298,24 +306,130 @@ static void product_rows(const run_t *run, const uint16_t *x, size_t xs, int64_t
     }
 }
 
-static void product_op(void *dst, int ith, int nth, void *userdata) {
-    (void)userdata;
+/* thread ith of nth's share of dst (f32 [m, n, n2, n3]) = src[0] (f16 [k, m, a2, a3], rows of any
+   stride, broadcast over dims 2 and 3 as mul_mat broadcasts) times src[1]'s rows [k, n, n2, n3]: f16
+   ones as they are, or, given ``to_f16`` and room ``y`` for k x n f16 numbers, f32 ones of any
+   strides, converted a matrix at a time (as mul_mat converts them). Chunks of CHUNK cache rows of
+   one matrix go to the threads in turn. */
+static void products(void *dst, int ith, int nth, void (*to_f16)(const float *, uint16_t *, int64_t),
+                     uint16_t *y) {
     const void *a = T_SRC(dst, 0), *b = T_SRC(dst, 1);
     const int64_t k = T_NE(a, 0), m = T_NE(a, 1), a2 = T_NE(a, 2), a3 = T_NE(a, 3);
     const int64_t n = T_NE(b, 1), n2 = T_NE(b, 2), n3 = T_NE(b, 3);
     const int64_t r2 = n2 / a2, r3 = n3 / a3, chunks = (m + CHUNK - 1) / CHUNK;
-    const char *x = T_DATA(a), *y = T_DATA(b);
+    const char *x = T_DATA(a), *src = T_DATA(b);
     char *out = T_DATA(dst);
+    int64_t held = -1; /* the matrix whose rows y holds */
     for (int64_t u = ith; u < chunks * n2 * n3; u += nth) {
         const int64_t c = u % chunks, i2 = (u / chunks) % n2, i3 = u / (chunks * n2);
+        const char *rows = src + i2 * T_NB(b, 2) + i3 * T_NB(b, 3);
+        size_t ys = T_NB(b, 1) / 2;
+        if (to_f16) {
+            if (held != u / chunks)
+                for (int64_t j = 0; j < n; j++) to_f16((const float *)(rows + j * T_NB(b, 1)), y + j * k, k);
+            held = u / chunks, rows = (const char *)y, ys = (size_t)k;
+        }
         const int64_t r0 = c * CHUNK, r1 = r0 + CHUNK < m ? r0 + CHUNK : m;
-        product_rows(RUN, (const uint16_t *)(x + i2 / r2 * T_NB(a, 2) + i3 / r3 * T_NB(a, 3)),
-                     T_NB(a, 1) / 2, r0, r1,
-                     (const uint16_t *)(y + i2 * T_NB(b, 2) + i3 * T_NB(b, 3)), T_NB(b, 1) / 2, n, k,
+        product_rows(RUN, (const uint16_t *)(x + i2 / r2 * T_NB(a, 2) + i3 / r3 * T_NB(a, 3)), T_NB(a, 1) / 2,
+                     r0, r1, (const uint16_t *)rows, ys, n, k,
                      (float *)(out + i2 * T_NB(dst, 2) + i3 * T_NB(dst, 3)), T_NB(dst, 1) / 4);
     }
 }
 
+static void product_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    products(dst, ith, nth, NULL, NULL);
+}
+
+/* ------------------------------------------------------------- llama.cpp's attention, redone */
+
+/* The old engine cannot change llama.cpp's graph, but llama.cpp's scheduler calls an eval
+   callback (llama_context_params.cb_eval) about each node, in order: first asking whether the
+   caller wants to see it (before it is computed: the nodes up to a wanted one are computed
+   together, then the callback is called again with its numbers). For a batch of decoded tokens
+   the engine sets ``active``, and the callback wants attention's products ("kq-<layer>", K^T Q,
+   and "kqv-<layer>", V by the scores: f16 cache rows times several f32 activation rows, which
+   GGML would take to llamafile's tiles). Asked about one, it turns the node, for that one
+   compute, into a custom op that computes the same product as lone rows' (each thread converts
+   the activation rows it needs to f16 with GGML's own function, as mul_mat converts them, then
+   the kernels above, on GGML's threads); called with its numbers, it puts the node's op and
+   parameters back, so the graph is llama.cpp's again (it may reuse it). Other nodes, and every
+   node of other batches, are left alone. */
+typedef void (*to_f16_fn)(const float *x, uint16_t *y, int64_t n);
+typedef struct { void (*fun)(void *, int, int, void *); int n_tasks; void *userdata; } custom_params_t;
+
+#define MAX_THREADS 512
+#define SAVED_PARAMS 64 /* bytes of op_params put back (GGML_MAX_OP_PARAMS) */
+
+typedef struct {
+    volatile int32_t active; /* first: the engine flips it (ctypes, at the state's address) */
+    int32_t op_custom;       /* enum ggml_op: GGML_OP_CUSTOM */
+    size_t type, op, op_params, name; /* struct ggml_tensor's offsets */
+    to_f16_fn to_f16;
+    void *node;              /* the node turned custom, until it is put back */
+    int32_t saved_op;
+    unsigned char saved_params[SAVED_PARAMS];
+    volatile int32_t failed; /* a thread could not allocate its rows: the decode fails */
+    int64_t redone;          /* products computed so, for tests */
+    uint16_t *rows[MAX_THREADS]; /* each thread's activation rows in f16, grown as needed */
+    size_t rows_len[MAX_THREADS];
+} attention_t;
+
+#define T_OP(s, t) (*(int32_t *)((char *)(t) + (s)->op))
+#define T_TYPE(s, t) (*(const int32_t *)((const char *)(t) + (s)->type))
+
+static int wanted(const attention_t *s, const void *t) {
+    const char *name = (const char *)t + s->name;
+    if (name[0] != 'k' || name[1] != 'q' || !(name[2] == '-' || (name[2] == 'v' && name[3] == '-'))) return 0;
+    const void *a = T_SRC(t, 0), *b = T_SRC(t, 1);
+    if (!a || !b || T_SRC(t, 2) || RUN == NULL) return 0;
+    return T_TYPE(s, a) == 1 /* F16 */ && T_TYPE(s, b) == 0 /* F32 */ && T_TYPE(s, t) == 0 && T_NB(a, 0) == 2 &&
+           T_NB(b, 0) == 4 && T_NB(t, 0) == 4 && T_NE(b, 1) > 1 && T_NE(a, 0) == T_NE(b, 0) &&
+           T_NE(t, 0) == T_NE(a, 1) && T_NE(t, 1) == T_NE(b, 1) && T_NE(t, 2) == T_NE(b, 2) &&
+           T_NE(t, 3) == T_NE(b, 3) && T_NE(b, 2) % T_NE(a, 2) == 0 && T_NE(b, 3) % T_NE(a, 3) == 0;
+}
+
+/* the custom op: dst = src[0] times src[1] (f32 rows), each product a lone row's */
+static void lone_rows_op(void *dst, int ith, int nth, void *user) {
+    attention_t *s = user;
+    const size_t need = (size_t)(T_NE(T_SRC(dst, 0), 0) * T_NE(T_SRC(dst, 1), 1));
+    if (ith >= MAX_THREADS) {
+        s->failed = 1;
+        return;
+    }
+    if (need > s->rows_len[ith]) {
+        uint16_t *rows = realloc(s->rows[ith], need * sizeof *rows);
+        if (!rows) {
+            s->failed = 1;
+            return;
+        }
+        s->rows[ith] = rows, s->rows_len[ith] = need;
+    }
+    products(dst, ith, nth, s->to_f16, s->rows[ith]);
+}
+
+/* ggml_backend_sched_eval_callback */
+static _Bool attention_callback(void *t, _Bool ask, void *user) {
+    attention_t *s = user;
+    if (ask) {
+        if (!s->active || !wanted(s, t)) return 0;
+        const custom_params_t p = {lone_rows_op, -1 /* GGML_N_TASKS_MAX */, s};
+        s->node = t, s->saved_op = T_OP(s, t);
+        memcpy(s->saved_params, (char *)t + s->op_params, SAVED_PARAMS);
+        memcpy((char *)t + s->op_params, &p, sizeof p);
+        T_OP(s, t) = s->op_custom;
+        return 1;
+    }
+    if (s->node == t) { /* computed: llama.cpp's node again */
+        T_OP(s, t) = s->saved_op;
+        memcpy((char *)t + s->op_params, s->saved_params, SAVED_PARAMS);
+        s->node = NULL;
+        s->redone++;
+    }
+    return !s->failed; /* false stops the graph: llama_decode fails */
+}
+
+/* ------------------------------------------------------------------------------ the check */
 /* ------------------------------------------------------------------------------ the check */
 
 /* every tile shape and row lengths with and without a tail, against GGML's own dot product */
@@ -419,6 +533,51 @@ static PyObject *product_address(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uintptr_t)product_op);
 }
 
+static PyObject *attention_new(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long to_f16;
+    int op_custom;
+    Py_ssize_t type, op, op_params, name;
+    if (!PyArg_ParseTuple(args, "Kinnnn", &to_f16, &op_custom, &type, &op, &op_params, &name)) return NULL;
+    attention_t *s = calloc(1, sizeof *s);
+    if (!s) return PyErr_NoMemory();
+    s->to_f16 = (to_f16_fn)(uintptr_t)to_f16, s->op_custom = op_custom;
+    s->type = (size_t)type, s->op = (size_t)op, s->op_params = (size_t)op_params, s->name = (size_t)name;
+    return PyLong_FromVoidPtr(s);
+}
+
+static PyObject *attention_free(PyObject *self, PyObject *arg) {
+    (void)self;
+    attention_t *s = PyLong_AsVoidPtr(arg);
+    if (!s && PyErr_Occurred()) return NULL;
+    if (s) {
+        for (int i = 0; i < MAX_THREADS; i++) free(s->rows[i]);
+        free(s);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *attention_redone(PyObject *self, PyObject *arg) {
+    (void)self;
+    const attention_t *s = PyLong_AsVoidPtr(arg);
+    if (!s) return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+    return PyLong_FromLongLong(s->redone);
+}
+
+static PyObject *attention_failed(PyObject *self, PyObject *arg) {
+    (void)self;
+    attention_t *s = PyLong_AsVoidPtr(arg);
+    if (!s) return PyErr_Occurred() ? NULL : PyBool_FromLong(0);
+    const int failed = s->failed;
+    s->failed = 0;
+    return PyBool_FromLong(failed);
+}
+
+static PyObject *attention_address(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong((uintptr_t)attention_callback);
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "setup(ne, nb, src, data): struct ggml_tensor's field offsets."},
     {"variants", variants, METH_NOARGS, "variants() -> the variants this CPU runs ('avx512', 'avx2')."},
@@ -429,6 +588,15 @@ static PyMethodDef methods[] = {
     {"reference", reference, METH_VARARGS,
      "reference(variant) -> the address of the variant's one-product kernel as a ggml_vec_dot_f16 (0: none)."},
     {"product_op", product_address, METH_NOARGS, "product_op() -> the product callback's address."},
+    {"attention_new", attention_new, METH_VARARGS,
+     "attention_new(ggml_cpu_fp32_to_fp16, GGML_OP_CUSTOM, offsets of type, op, op_params, name) -> the "
+     "address of a new state for attention_callback (its first int32: active)."},
+    {"attention_free", attention_free, METH_O, "attention_free(state): frees a state of attention_new."},
+    {"attention_failed", attention_failed, METH_O,
+     "attention_failed(state) -> whether a thread could not allocate its rows since the last call."},
+    {"attention_redone", attention_redone, METH_O, "attention_redone(state) -> products overwritten so far."},
+    {"attention_callback", attention_address, METH_NOARGS,
+     "attention_callback() -> the address of the ggml_backend_sched_eval_callback (user data: a state)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,7 +13,8 @@ extension is not built, the CPU has no AVX2/FMA/F16C, no variant gave the librar
 the check, or the operands are not an f16 matrix and f32 rows. The check runs once per process,
 the first time a product is asked for: each variant against the loaded ``libggml-cpu``'s own
 ``ggml_vec_dot_f16`` on random rows, bit for bit (the library is built for AVX-512 or AVX2, and
-the two sum in different trees).
+the two sum in different trees). The old engine has llama.cpp compute its drafted rows' attention
+with the same kernels, through an eval callback (:mod:`runner.engines.llamacpp.attention`).
 """
 
 from __future__ import annotations
