@@ -55,14 +55,14 @@ INVARIANT = False  # --invariant on: the new engine's batch-invariant mode (POLL
 
 
 def load_engine(path: Path, engine: str, threads: int):
-    """``engine``: "old", "new", or "new-ggml" (the new engine with POLLAMA_ROW_KERNELS=0: GGML's
-    one-row products for Q4_1 weights, as llama.cpp multiplies them)."""
-    cfg = dataclasses.replace(config.load({}), new_engine=engine != "old", batch_invariant=INVARIANT,
-                              row_kernels=engine != "new-ggml")
+    """``engine``: "old", "new", or either with "-ggml" (POLLAMA_ROW_KERNELS=0: GGML's one-row
+    products for Q4_1 weights, as llama.cpp itself multiplies them)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine.startswith("new"), batch_invariant=INVARIANT,
+                              row_kernels=not engine.endswith("-ggml"))
     info = runner.resolve(str(path), cfg).info
     plan = runner.load_options(info, Options().merged({"num_ctx": 2048, "num_batch": 512, "num_thread": threads}),
                                cfg, 1)
-    if engine != "old":
+    if cfg.new_engine:
         from runner.engines.ggml.engine import GGMLEngine
 
         return info, GGMLEngine(info, plan)
@@ -117,8 +117,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="smollm2,smollm2-q4_k_m,smollm2-q8_0,gemma3",
                     help="comma list of: " + ",".join(bench_decode.MODELS))
-    ap.add_argument("--engines", default="new,old", help="comma list of: new, old, new-ggml (the new engine "
-                    "without its Q4_1 row kernels, POLLAMA_ROW_KERNELS=0)")
+    ap.add_argument("--engines", default="new,old", help="comma list of: new, old, new-ggml, old-ggml (an "
+                    "engine without our Q4_1 row kernels, POLLAMA_ROW_KERNELS=0)")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma list of step sizes (rows)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--history", type=int, default=400, help="prompt tokens before the steps (default 400)")

@@ -5,7 +5,7 @@
 (b) Prompt and decode tokens/s of our runner (old and new engine) vs llama-cpp-python's `Llama`
     class, same model, threads, context and batch.
 (c) Aggregate decode tokens/s of 4 concurrent streams vs 1, per engine.
-"new-ggml" rows: the new engine with POLLAMA_ROW_KERNELS=0 (GGML's one-row Q4_1 products).
+"-ggml" rows: an engine with POLLAMA_ROW_KERNELS=0 (GGML's one-row Q4_1 products).
 
 Every figure is the median of --runs runs; in (b) and (c) the runners' runs are interleaved, each
 in a fresh process. Run it on a quiet machine:
@@ -61,9 +61,10 @@ def median(xs):
 
 
 def load(engine: str, threads: int, num_ctx: int = 4096, parallel: int = 1, cache: bool = True):
-    """``engine``: "old", "new", or "new-ggml" (the new engine with POLLAMA_ROW_KERNELS=0: GGML's
-    one-row products for the Q4_1 weights, as llama.cpp multiplies them)."""
-    cfg = dataclasses.replace(config.load({}), new_engine=engine != "old", row_kernels=engine != "new-ggml")
+    """``engine``: "old", "new", or either with "-ggml" (POLLAMA_ROW_KERNELS=0: GGML's one-row
+    products for the Q4_1 weights, as llama.cpp itself multiplies them)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine.startswith("new"),
+                              row_kernels=not engine.endswith("-ggml"))
     opts = Options(num_ctx=num_ctx, num_thread=threads)
     r = runner.load(runner.resolve(None, cfg), opts, cfg, num_parallel=parallel)
     assert r.engine == engine.split("-")[0]
@@ -212,6 +213,8 @@ def main() -> None:
         jobs = {
             "llama-cpp-python `Llama` class": (llama_class_speed, (args.threads, prompt, n_gen, args.runs)),
             "pollama, old engine (llama.cpp)": (our_speed, ("old", args.threads, prompt, n_gen, args.runs)),
+            "pollama, old engine, POLLAMA_ROW_KERNELS=0": (our_speed, ("old-ggml", args.threads, prompt, n_gen,
+                                                                       args.runs)),
             "pollama, new engine (our GGML graph)": (our_speed, ("new", args.threads, prompt, n_gen, args.runs)),
             "pollama, new engine, POLLAMA_ROW_KERNELS=0": (our_speed, ("new-ggml", args.threads, prompt, n_gen,
                                                                        args.runs)),
@@ -237,7 +240,7 @@ def main() -> None:
         print("(c) aggregate decode tok/s, concurrent streams in one runner (num_parallel 4, 96 tokens each)\n")
         print("| engine | 1 stream | 4 streams | 4 / 1 |")
         print("|---|---:|---:|---:|")
-        engines = ("old", "new", "new-ggml")
+        engines = ("old", "old-ggml", "new", "new-ggml")
         rates: dict[tuple[str, int], list[float]] = {(e, n): [] for e in engines for n in (1, 4)}
         for _ in range(args.runs):  # interleaved, as (b)
             for engine in engines:

@@ -102,8 +102,9 @@ class Config:
     # (runner.ml.backend.BackendOptions.batch_invariant): guesses never change a greedy answer
     # where the weights' products are row-exact too (SmolLM2's Q4_1), at a cost in speed
     batch_invariant: bool = False
-    # POLLAMA_ROW_KERNELS: the new engine multiplies Q4_1 weights by several rows at a time with
-    # our kernels (runner.ml.ggml.q4_1), GGML's numbers bit for bit; off: GGML's one-row products
+    # POLLAMA_ROW_KERNELS: both engines multiply Q4_1 weights by several rows at a time with our
+    # kernels (runner.ml.ggml.q4_1; the old engine through llama.cpp's eval callback,
+    # runner.engines.llamacpp.graph_ops), GGML's numbers bit for bit; off: GGML's one-row products
     row_kernels: bool = True
     # OLLAMA_GPU_OVERHEAD: bytes of each GPU's free memory that offload leaves alone (runner.loading.gpu)
     gpu_overhead: int = 0

@@ -78,3 +78,47 @@ def test_smollm2_s_logits_are_the_same_bits_with_the_kernels(flash, monkeypatch)
         assert all(taken == (rows > 1) for rows, taken in asked)
         assert sum(taken for _, taken in asked) >= 2 * 7 * 30 and not not_asked
     assert np.array_equal(first, first_ggml) and np.array_equal(drafted, drafted_ggml)
+
+
+def _old_engine_logits(row_kernels: bool, flash: bool) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """The old engine's SmolLM2 logits for every row of a 300-token prompt and of a 17-row step
+    after it (all rows outputs, as a verified draft), and the Q4_1 products our kernels took."""
+    import dataclasses
+
+    import runner
+    from runner import config
+    from runner.api import Options
+    from tests.conftest import fresh_cache_dir
+
+    cfg = dataclasses.replace(config.load({}), new_engine=False, row_kernels=row_kernels, flash_attention=flash,
+                              cache_dir=fresh_cache_dir())
+    r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 1024}), cfg)
+    engine = r.model_engine
+    rng = np.random.default_rng(7)
+    prompt = [int(t) for t in rng.integers(100, 20000, 300)]
+    step = [int(t) for t in rng.integers(100, 20000, 17)]
+    try:
+        rows = []
+        for tokens, pos in ((prompt, 0), (step, 300)):
+            engine.batch_begin()
+            last = engine.batch_add(tokens, pos, 0, len(tokens))
+            engine.prepare()
+            engine.decode()
+            rows.append([engine.logits(last - len(tokens) + 1 + i).copy() for i in range(len(tokens))])
+        return rows[0], rows[1], engine._ops.taken[0] if engine._ops is not None else 0
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("flash", [False, True], ids=["nofa", "fa"])
+def test_the_old_engine_s_logits_are_the_same_bits_with_the_kernels(flash):
+    """The old engine hands llama.cpp an eval callback that has our kernels compute its Q4_1
+    products of several rows (runner/engines/llamacpp/graph_ops.py): all 7 a layer, 30 layers,
+    in the prompt and in the drafted step, and no logit of any row moves by one bit from
+    llama.cpp's own products (POLLAMA_ROW_KERNELS=0)."""
+    first, drafted, taken = _old_engine_logits(True, flash)
+    first_ggml, drafted_ggml, not_taken = _old_engine_logits(False, flash)
+    if X86_AVX2:
+        assert taken == 2 * 7 * 30 and not_taken == 0
+    assert all(np.array_equal(a, b) for a, b in zip(first, first_ggml))
+    assert all(np.array_equal(a, b) for a, b in zip(drafted, drafted_ggml))

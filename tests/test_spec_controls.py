@@ -47,7 +47,8 @@ def test_pollama_batch_invariant(value, on):
     (TINYSTORIES, "new", False, True, "batched"),
     (TINYSTORIES, "new", True, True, "per-row"),  # the batch-invariant mode takes each row alone
     (STORIES, "new", False, True, "per-row"),  # no general.file_type: the dearer table
-    (SMOLLM2, "old", False, True, "per-row"),  # Q4_1: llama.cpp's one-row dot products
+    (SMOLLM2, "old", False, True, "tiled"),  # Q4_1: our kernels in llama.cpp's graph
+    (SMOLLM2, "old", False, False, "per-row"),  # POLLAMA_ROW_KERNELS=0: llama.cpp's one-row dot products
     (SMOLLM2, "new", False, True, "tiled"),  # Q4_1: our kernels, 4 rows by 4
     (SMOLLM2, "new", True, True, "tiled"),  # ... which give a row's numbers in any batch
     (SMOLLM2, "new", False, False, "per-row"),  # POLLAMA_ROW_KERNELS=0

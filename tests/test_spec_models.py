@@ -418,7 +418,7 @@ def old_engine_rows_unlike_alone(r) -> tuple[list[int], int]:
     engine.kv.seq_rm(0, 500, None)
     first = step(tokens, 500, len(tokens)) - len(tokens) + 1
     together = [engine.logits(first + i).copy() for i in range(len(tokens))]
-    redone = engine._attention.redone if engine._attention is not None else 0
+    redone = engine._ops.taken[1] if engine._ops is not None else 0
     return [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)], redone
 
 
@@ -427,17 +427,17 @@ def test_old_engine_drafted_rows_are_the_rows_decoded_alone_without_flash_attent
     attention with llamafile's tiles, a lone row's with ggml_vec_dot_f16, and the two sum in other
     orders. For a batch of decoded tokens its eval callback has llama.cpp compute those two
     products (K·Q and V by the scores, 30 layers each) as lone rows' instead, with our f16 kernels
-    (runner/engines/llamacpp/attention.py): each of the 17 rows is then the row decoded alone, bit
+    (runner/engines/llamacpp/graph_ops.py): each of the 17 rows is then the row decoded alone, bit
     for bit, across 512 cells too. Without the callback all 17 differed when this was written
     (logits up to 0.55 apart)."""
-    from runner.engines.llamacpp.attention import LoneRowAttention
+    from runner.engines.llamacpp.graph_ops import GraphOps
 
     r = load(SMOLLM2, "old", num_ctx=1024)
     try:
         assert old_engine_rows_unlike_alone(r) == ([], 60)
     finally:
         r.close()
-    monkeypatch.setattr(LoneRowAttention, "create", classmethod(lambda cls: None))
+    monkeypatch.setattr(GraphOps, "create", classmethod(lambda cls, **_: None))
     r = load(SMOLLM2, "old", num_ctx=1024)
     try:
         assert old_engine_rows_unlike_alone(r)[0] != []

@@ -55,7 +55,7 @@ class LoadOptions:
     num_gpu: int = -1  # layers to offload (old engine, GPU build): -1 as many as fit, 0 none (runner.loading.gpu)
     main_gpu: int = 0  # the GPU a model that fits on one goes to (runner.loading.gpu)
     batch_invariant: bool = False  # POLLAMA_BATCH_INVARIANT: rows computed as alone (new engine)
-    row_kernels: bool = True  # POLLAMA_ROW_KERNELS: our Q4_1 kernels for several rows (new engine)
+    row_kernels: bool = True  # POLLAMA_ROW_KERNELS: our Q4_1 kernels for several rows
 
     def serves(self, want: LoadOptions) -> bool:
         """Whether a runner loaded with these options serves a request that wants ``want``:

@@ -31,8 +31,8 @@ from ...loop.embedding import MAX_LANES, batch_size
 from ...loop.slots import ImageInput, Input
 from ...sample.grammar import init_sampler
 from ...sample.samplers import Sampler, SamplerOptions
-from .attention import LoneRowAttention
 from .embed import EmbedContext
+from .graph_ops import GraphOps
 from .kv import LlamaKv
 from .llamalog import log_callback
 from .offload import model_params
@@ -155,7 +155,6 @@ class LlamaEngine:
     """:class:`runner.loop.engine.Engine` over llama.cpp."""
 
     name = "old"
-    multiplies = kernels.multiplies(ggml_batched=True, tiled=False)  # llama.cpp's GGML kernels
 
     def __init__(self, info: ModelInfo, load: LoadOptions, placement: Placement = CPU) -> None:
         """``placement``: the layers to offload and where (:mod:`runner.loading.gpu`; the CPU
@@ -193,18 +192,20 @@ class LlamaEngine:
         # flash attention and the KV cache type as runner.loading.plan resolved them
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if load.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[load.kv_cache_type]
-        # a verified draft's attention summed as lone rows' (attention.py); flash attention and
-        # a quantized cache have no f16 products to redo
-        self._attention = (LoneRowAttention.create()
-                           if not load.flash_attention and load.kv_cache_type == "f16" else None)
-        if self._attention is not None:
-            self._attention.hook(cparams)
+        # our kernels for Q4_1 products and a verified draft's attention (graph_ops.py); flash
+        # attention and a quantized cache have no f16 products to take
+        self._ops = GraphOps.create(row_kernels=load.row_kernels,
+                                    attention=not load.flash_attention and load.kv_cache_type == "f16")
+        if self._ops is not None:
+            self._ops.hook(cparams)
+        # llama.cpp's GGML kernels, and ours for Q4_1 where the callback takes them
+        self.multiplies = kernels.multiplies(ggml_batched=True, tiled=self._ops is not None and self._ops.q4_1)
         with _capture_llama_log() as captured:
             self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             L.llama_model_free(self._model)
-            if self._attention is not None:
-                self._attention.close()
+            if self._ops is not None:
+                self._ops.close()
             raise LoadError(
                 f"cannot create a context of {num_ctx}×{num_parallel} tokens for {info.name}: "
                 f"{_load_failure_reason(captured.lines)}"
@@ -286,20 +287,20 @@ class LlamaEngine:
         assert self._prepared is not None
         batch, self._prepared = self._prepared, None
         batch.struct.n_tokens = batch.n
-        attention = self._attention
-        if attention is not None:  # every row an output: decoded tokens (sampled ones, drafted ones)
-            attention.decoding(batch.n > 1 and bool(batch.logits[:batch.n].all()))
+        ops = self._ops
+        if ops is not None:  # every row an output: decoded tokens (sampled ones, drafted ones)
+            ops.decoding(batch.n > 1 and bool(batch.logits[:batch.n].all()))
         if started is not None:
             started.set()
         try:
             rc = L.llama_decode(self._ctx, batch.struct)
         finally:
-            if attention is not None:  # an image's decode (libmtmd's) is not one
-                attention.decoding(False)
+            if ops is not None:  # an image's decode (libmtmd's) is not one
+                ops.decoding(False)
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
-        if attention is not None and attention.failed():
-            raise LoadError("llama_decode failed: out of memory for the drafted rows' attention")
+        if ops is not None and ops.failed():
+            raise LoadError("llama_decode failed: out of memory for our kernels' rows")
 
     def image_inputs(self, image: Image) -> list[Input]:
         if self.vision is None:
@@ -406,9 +407,9 @@ class LlamaEngine:
         if getattr(self, "_model", None):
             L.llama_model_free(self._model)
             self._model = None
-        if getattr(self, "_attention", None) is not None:
-            self._attention.close()
-            self._attention = None
+        if getattr(self, "_ops", None) is not None:
+            self._ops.close()
+            self._ops = None
 
 
 def llama_tokenize(vocab: Any, text: str, add_special: bool, parse_special: bool) -> list[int]:

@@ -42,14 +42,10 @@
      as mul_mat broadcasts), src[1] f16 [k, n, n2, n3] contiguous: dst[., j, i2, i3][i] = row i
      of src[0] (of its matrix i2 / (n2 / a2), i3 / (n3 / a3)) . row j of src[1]. The work is
      split among threads in chunks of CHUNK cache rows of one matrix.
-   attention_callback() -> int
-     Address of a ggml_backend_sched_eval_callback for a llama.cpp context (the old engine,
-     runner/engines/llamacpp/attention.py): while its state's first int32 is set, it has
-     llama.cpp compute attention's products as the op above does (below, "llama.cpp's attention").
-   attention_new(ggml_cpu_fp32_to_fp16, GGML_OP_CUSTOM, offsets of type, op, op_params, name) -> int
-     Address of the callback's state (its user data); attention_free(state) frees it,
-     attention_failed(state) says (and clears) whether a thread could not allocate its rows,
-     attention_redone(state) counts the products computed so. */
+   f32_rows_op(ggml_cpu_fp32_to_fp16) -> int
+     Address of the same product as a ggml_custom_op_t whose src[1] is f32 rows of any strides,
+     converted by each thread with the given function (GGML's); userdata: an int32 set to 1 where
+     a thread's memory for them cannot be had. For llama.cpp's graph (the old engine). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -341,92 +337,26 @@ static void product_op(void *dst, int ith, int nth, void *userdata) {
     products(dst, ith, nth, NULL, NULL);
 }
 
-/* ------------------------------------------------------------- llama.cpp's attention, redone */
+/* The product with f32 activation rows, for a graph we do not build (llama.cpp's: the old
+   engine, runner/engines/llamacpp/graph_ops.c), where mul_mat's own conversion cannot be left
+   to GGML: each thread converts the rows of the matrices it takes to f16 with GGML's own
+   function (as mul_mat converts them), into its own memory, kept for its next products.
+   userdata: an int32 set to 1 where that memory cannot be had (dst is then not computed). */
+static void (*fp32_to_fp16)(const float *x, uint16_t *y, int64_t n);
+static __thread uint16_t *own_rows;
+static __thread size_t own_len;
 
-/* The old engine cannot change llama.cpp's graph, but llama.cpp's scheduler calls an eval
-   callback (llama_context_params.cb_eval) about each node, in order: first asking whether the
-   caller wants to see it (before it is computed: the nodes up to a wanted one are computed
-   together, then the callback is called again with its numbers). For a batch of decoded tokens
-   the engine sets ``active``, and the callback wants attention's products ("kq-<layer>", K^T Q,
-   and "kqv-<layer>", V by the scores: f16 cache rows times several f32 activation rows, which
-   GGML would take to llamafile's tiles). Asked about one, it turns the node, for that one
-   compute, into a custom op that computes the same product as lone rows' (each thread converts
-   the activation rows it needs to f16 with GGML's own function, as mul_mat converts them, then
-   the kernels above, on GGML's threads); called with its numbers, it puts the node's op and
-   parameters back, so the graph is llama.cpp's again (it may reuse it). Other nodes, and every
-   node of other batches, are left alone. */
-typedef void (*to_f16_fn)(const float *x, uint16_t *y, int64_t n);
-typedef struct { void (*fun)(void *, int, int, void *); int n_tasks; void *userdata; } custom_params_t;
-
-#define MAX_THREADS 512
-#define SAVED_PARAMS 64 /* bytes of op_params put back (GGML_MAX_OP_PARAMS) */
-
-typedef struct {
-    volatile int32_t active; /* first: the engine flips it (ctypes, at the state's address) */
-    int32_t op_custom;       /* enum ggml_op: GGML_OP_CUSTOM */
-    size_t type, op, op_params, name; /* struct ggml_tensor's offsets */
-    to_f16_fn to_f16;
-    void *node;              /* the node turned custom, until it is put back */
-    int32_t saved_op;
-    unsigned char saved_params[SAVED_PARAMS];
-    volatile int32_t failed; /* a thread could not allocate its rows: the decode fails */
-    int64_t redone;          /* products computed so, for tests */
-    uint16_t *rows[MAX_THREADS]; /* each thread's activation rows in f16, grown as needed */
-    size_t rows_len[MAX_THREADS];
-} attention_t;
-
-#define T_OP(s, t) (*(int32_t *)((char *)(t) + (s)->op))
-#define T_TYPE(s, t) (*(const int32_t *)((const char *)(t) + (s)->type))
-
-static int wanted(const attention_t *s, const void *t) {
-    const char *name = (const char *)t + s->name;
-    if (name[0] != 'k' || name[1] != 'q' || !(name[2] == '-' || (name[2] == 'v' && name[3] == '-'))) return 0;
-    const void *a = T_SRC(t, 0), *b = T_SRC(t, 1);
-    if (!a || !b || T_SRC(t, 2) || RUN == NULL) return 0;
-    return T_TYPE(s, a) == 1 /* F16 */ && T_TYPE(s, b) == 0 /* F32 */ && T_TYPE(s, t) == 0 && T_NB(a, 0) == 2 &&
-           T_NB(b, 0) == 4 && T_NB(t, 0) == 4 && T_NE(b, 1) > 1 && T_NE(a, 0) == T_NE(b, 0) &&
-           T_NE(t, 0) == T_NE(a, 1) && T_NE(t, 1) == T_NE(b, 1) && T_NE(t, 2) == T_NE(b, 2) &&
-           T_NE(t, 3) == T_NE(b, 3) && T_NE(b, 2) % T_NE(a, 2) == 0 && T_NE(b, 3) % T_NE(a, 3) == 0;
-}
-
-/* the custom op: dst = src[0] times src[1] (f32 rows), each product a lone row's */
-static void lone_rows_op(void *dst, int ith, int nth, void *user) {
-    attention_t *s = user;
+static void f32_rows_op(void *dst, int ith, int nth, void *userdata) {
     const size_t need = (size_t)(T_NE(T_SRC(dst, 0), 0) * T_NE(T_SRC(dst, 1), 1));
-    if (ith >= MAX_THREADS) {
-        s->failed = 1;
-        return;
-    }
-    if (need > s->rows_len[ith]) {
-        uint16_t *rows = realloc(s->rows[ith], need * sizeof *rows);
+    if (need > own_len) {
+        uint16_t *rows = realloc(own_rows, need * sizeof *rows);
         if (!rows) {
-            s->failed = 1;
+            *(volatile int32_t *)userdata = 1;
             return;
         }
-        s->rows[ith] = rows, s->rows_len[ith] = need;
+        own_rows = rows, own_len = need;
     }
-    products(dst, ith, nth, s->to_f16, s->rows[ith]);
-}
-
-/* ggml_backend_sched_eval_callback */
-static _Bool attention_callback(void *t, _Bool ask, void *user) {
-    attention_t *s = user;
-    if (ask) {
-        if (!s->active || !wanted(s, t)) return 0;
-        const custom_params_t p = {lone_rows_op, -1 /* GGML_N_TASKS_MAX */, s};
-        s->node = t, s->saved_op = T_OP(s, t);
-        memcpy(s->saved_params, (char *)t + s->op_params, SAVED_PARAMS);
-        memcpy((char *)t + s->op_params, &p, sizeof p);
-        T_OP(s, t) = s->op_custom;
-        return 1;
-    }
-    if (s->node == t) { /* computed: llama.cpp's node again */
-        T_OP(s, t) = s->saved_op;
-        memcpy((char *)t + s->op_params, s->saved_params, SAVED_PARAMS);
-        s->node = NULL;
-        s->redone++;
-    }
-    return !s->failed; /* false stops the graph: llama_decode fails */
+    products(dst, ith, nth, fp32_to_fp16, own_rows);
 }
 
 /* ------------------------------------------------------------------------------ the check */
@@ -533,49 +463,12 @@ static PyObject *product_address(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uintptr_t)product_op);
 }
 
-static PyObject *attention_new(PyObject *self, PyObject *args) {
+static PyObject *f32_rows_address(PyObject *self, PyObject *arg) {
     (void)self;
-    unsigned long long to_f16;
-    int op_custom;
-    Py_ssize_t type, op, op_params, name;
-    if (!PyArg_ParseTuple(args, "Kinnnn", &to_f16, &op_custom, &type, &op, &op_params, &name)) return NULL;
-    attention_t *s = calloc(1, sizeof *s);
-    if (!s) return PyErr_NoMemory();
-    s->to_f16 = (to_f16_fn)(uintptr_t)to_f16, s->op_custom = op_custom;
-    s->type = (size_t)type, s->op = (size_t)op, s->op_params = (size_t)op_params, s->name = (size_t)name;
-    return PyLong_FromVoidPtr(s);
-}
-
-static PyObject *attention_free(PyObject *self, PyObject *arg) {
-    (void)self;
-    attention_t *s = PyLong_AsVoidPtr(arg);
-    if (!s && PyErr_Occurred()) return NULL;
-    if (s) {
-        for (int i = 0; i < MAX_THREADS; i++) free(s->rows[i]);
-        free(s);
-    }
-    Py_RETURN_NONE;
-}
-
-static PyObject *attention_redone(PyObject *self, PyObject *arg) {
-    (void)self;
-    const attention_t *s = PyLong_AsVoidPtr(arg);
-    if (!s) return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
-    return PyLong_FromLongLong(s->redone);
-}
-
-static PyObject *attention_failed(PyObject *self, PyObject *arg) {
-    (void)self;
-    attention_t *s = PyLong_AsVoidPtr(arg);
-    if (!s) return PyErr_Occurred() ? NULL : PyBool_FromLong(0);
-    const int failed = s->failed;
-    s->failed = 0;
-    return PyBool_FromLong(failed);
-}
-
-static PyObject *attention_address(PyObject *self, PyObject *unused) {
-    (void)self, (void)unused;
-    return PyLong_FromUnsignedLongLong((uintptr_t)attention_callback);
+    const unsigned long long to_f16 = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred()) return NULL;
+    fp32_to_fp16 = (void (*)(const float *, uint16_t *, int64_t))(uintptr_t)to_f16;
+    return PyLong_FromUnsignedLongLong((uintptr_t)f32_rows_op);
 }
 
 static PyMethodDef methods[] = {
@@ -588,15 +481,8 @@ static PyMethodDef methods[] = {
     {"reference", reference, METH_VARARGS,
      "reference(variant) -> the address of the variant's one-product kernel as a ggml_vec_dot_f16 (0: none)."},
     {"product_op", product_address, METH_NOARGS, "product_op() -> the product callback's address."},
-    {"attention_new", attention_new, METH_VARARGS,
-     "attention_new(ggml_cpu_fp32_to_fp16, GGML_OP_CUSTOM, offsets of type, op, op_params, name) -> the "
-     "address of a new state for attention_callback (its first int32: active)."},
-    {"attention_free", attention_free, METH_O, "attention_free(state): frees a state of attention_new."},
-    {"attention_failed", attention_failed, METH_O,
-     "attention_failed(state) -> whether a thread could not allocate its rows since the last call."},
-    {"attention_redone", attention_redone, METH_O, "attention_redone(state) -> products overwritten so far."},
-    {"attention_callback", attention_address, METH_NOARGS,
-     "attention_callback() -> the address of the ggml_backend_sched_eval_callback (user data: a state)."},
+    {"f32_rows_op", f32_rows_address, METH_O,
+     "f32_rows_op(ggml_cpu_fp32_to_fp16) -> the address of the product callback converting f32 rows itself."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -41,7 +41,11 @@
      product:  dst f32 [M, rows], src[0] Q4_1 [K, M] contiguous, src[1] the quantize op's
                output: dst[j][i] = weight row i . activation row j; weight rows split among
                the threads, 4 at a time. The wide tiles take a thread's scratch of K/32 * 288
-               bytes (malloc'd per call; without it the 4x4 tiles do the rows). */
+               bytes (malloc'd per call; without it the 4x4 tiles do the rows).
+   mul_mat_op() -> int
+     Address of a ggml_custom_op_t doing both (dst f32 [M, rows], src[0] Q4_1 [K, M] contiguous,
+     src[1] f32 [K, rows]), each thread quantizing every row itself; userdata: an int32 set to 1
+     where a thread's memory for them cannot be had. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -314,17 +318,46 @@ static void quantize_op(void *dst, int ith, int nth, void *userdata) {
         quantize_q8_1((const float *)(x + j * T_NB(src, 1)), q + j * row_bytes, k);
 }
 
-static void product_op(void *dst, int ith, int nth, void *userdata) {
-    (void)userdata;
-    const void *w = T_SRC(dst, 0), *q = T_SRC(dst, 1);
-    const int64_t k = T_NE(w, 0), m = T_NE(w, 1), n = T_NE(dst, 1);
+/* thread ith of nth's share of dst (f32 [M, n]) = w (Q4_1 [K, M] contiguous) times n rows of
+   Q8_1 blocks q: a run of whole tiles of weight rows */
+static void product_share(void *dst, const void *w, const block_q8_1 *q, int64_t n, int ith, int nth) {
+    const int64_t k = T_NE(w, 0), m = T_NE(w, 1);
     const int nb = (int)(k / 32);
-    /* each thread a run of whole tiles of weight rows */
     const int64_t tiles = (m + TILE_W - 1) / TILE_W, per = (tiles + nth - 1) / nth;
     const int64_t r0 = ith * per * TILE_W, r1 = (ith + 1) * per * TILE_W < m ? (ith + 1) * per * TILE_W : m;
     if (r0 >= r1) return;
-    product_rows(RUN, T_DATA(w), T_NB(w, 1) / sizeof(block_q4_1), nb, r0, r1, T_DATA(q), n, T_DATA(dst),
+    product_rows(RUN, T_DATA(w), T_NB(w, 1) / sizeof(block_q4_1), nb, r0, r1, q, n, T_DATA(dst),
                  T_NB(dst, 1) / sizeof(float));
+}
+
+static void product_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    product_share(dst, T_SRC(dst, 0), T_DATA(T_SRC(dst, 1)), T_NE(dst, 1), ith, nth);
+}
+
+/* GGML's whole mul_mat (quantize, then multiply) as one op, for a graph we do not build
+   (llama.cpp's: runner/engines/llamacpp/graph_ops.c). An op has no barrier between its threads,
+   so each quantizes every activation row itself, into its own memory (a few hundred KB at
+   most, kept for the thread's next products), then multiplies its share of weight rows: dst
+   f32 [M, n], src[0] Q4_1 [K, M] contiguous, src[1] f32 [K, n] (rows of stride nb[1]).
+   userdata: an int32 set to 1 where the memory cannot be had (dst is then not computed). */
+static __thread block_q8_1 *own_rows;
+static __thread size_t own_blocks;
+
+static void mul_mat_op(void *dst, int ith, int nth, void *userdata) {
+    const void *w = T_SRC(dst, 0), *b = T_SRC(dst, 1);
+    const int64_t k = T_NE(w, 0), n = T_NE(b, 1), nb = k / 32;
+    if ((size_t)(n * nb) > own_blocks) {
+        block_q8_1 *rows = realloc(own_rows, (size_t)(n * nb) * sizeof *rows);
+        if (!rows) {
+            *(volatile int32_t *)userdata = 1;
+            return;
+        }
+        own_rows = rows, own_blocks = (size_t)(n * nb);
+    }
+    const char *x = T_DATA(b);
+    for (int64_t j = 0; j < n; j++) quantize_q8_1((const float *)(x + j * T_NB(b, 1)), own_rows + j * nb, k);
+    product_share(dst, w, own_rows, n, ith, nth);
 }
 
 /* ------------------------------------------------------------------------------ the check */
@@ -424,6 +457,11 @@ static PyObject *product_address(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong((uintptr_t)product_op);
 }
 
+static PyObject *mul_mat_address(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong((uintptr_t)mul_mat_op);
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(ne, nb, src, data, quantize): struct ggml_tensor's field offsets and the address of "
@@ -434,6 +472,7 @@ static PyMethodDef methods[] = {
      "check(vec_dot[, variant]) -> how many random products differ from GGML's ggml_vec_dot_q4_1_q8_1 at "
      "that address, by the variant in use or the one named (-1: no kernels, or setup not called)."},
     {"quantize_op", quantize_address, METH_NOARGS, "quantize_op() -> the quantize callback's address."},
+    {"mul_mat_op", mul_mat_address, METH_NOARGS, "mul_mat_op() -> the whole product's callback's address."},
     {"product_op", product_address, METH_NOARGS, "product_op() -> the product callback's address."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,0 +1,175 @@
+/* runner.engines.llamacpp._graph_ops: our kernels in llama.cpp's graph (the old engine).
+
+   The old engine cannot change the graph llama.cpp builds, but llama.cpp's scheduler calls an
+   eval callback (llama_context_params.cb_eval) about each node, in order, before computing it,
+   asking whether the caller wants to see it; the nodes up to a wanted one are computed together,
+   then the callback is called again with the wanted node's numbers. Asked about a node it takes,
+   this callback turns the node, for that one compute, into a custom op running one of our
+   kernels on GGML's threads, and called again it puts the node's op and parameters back, so the
+   graph is llama.cpp's again (llama.cpp may reuse it). Two kinds of node are taken:
+
+   - Q4_1 weights times 2 activation rows or more (any batch), where GGML runs one dot product
+     per weight row and activation row: our Q4_1 kernels (runner/ml/ggml/q4_1.c) give the same
+     numbers, bit for bit, several rows at a time.
+   - In a batch of decoded tokens (``decoded``, set by the engine: a sampled token and its
+     drafted ones), attention's products ("kq-<layer>", K^T Q, and "kqv-<layer>", V by the
+     scores: f16 cache rows times several f32 rows), which GGML takes to llamafile's tiles: our
+     f16 kernels (runner/ml/ggml/f16_rows.c) sum each as a lone row's, so a verified draft's
+     logits are the ones decoding its tokens one at a time gives.
+
+   Every other node, and attention in other batches, is llama.cpp's own. The kernels are checked
+   against the loaded library's own dot products before they are handed in (their modules).
+
+   new(offsets, ops, types, q4_1_op, f16_op) -> int
+     A state (the callback's user data): offsets of struct ggml_tensor's type, ne, nb, op,
+     op_params, src, data and name; enum ggml_op's MUL_MAT and CUSTOM; the op addresses (0: that
+     kind is not taken). Its first int32 is ``decoded``, which the engine flips before a decode.
+   free(state), failed(state) -> bool (a kernel could not get its memory since the last call:
+     the decode's numbers are not to be read), taken(state) -> (Q4_1 products, attention ones).
+   callback() -> int
+     The ggml_backend_sched_eval_callback's address. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { F32 = 0, F16 = 1, Q4_1 = 3 };  /* enum ggml_type: fixed in GGML's file format */
+#define OP_PARAMS 64                  /* GGML_MAX_OP_PARAMS: the bytes put back */
+
+typedef void (*custom_op)(void *dst, int ith, int nth, void *userdata);
+typedef struct { custom_op fun; int n_tasks; void *userdata; } custom_params; /* ggml_custom_op_params */
+
+typedef struct {
+    volatile int32_t decoded; /* first: the engine sets it (ctypes, at the state's address) */
+    volatile int32_t failed;  /* set by a kernel (its userdata) */
+    struct { size_t type, ne, nb, op, op_params, src, data, name; } off;
+    int32_t mul_mat, custom;
+    custom_op q4_1_op, f16_op;
+    void *node; /* the node turned custom, until it is put back */
+    int32_t saved_op;
+    unsigned char saved_params[OP_PARAMS];
+    int64_t taken_q4_1, taken_attention;
+} state_t;
+
+#define AT(s, t, field, type) (*(type *)((char *)(t) + (s)->off.field))
+#define TYPE(s, t) AT(s, t, type, int32_t)
+#define NE(s, t, i) (((int64_t *)((char *)(t) + (s)->off.ne))[i])
+#define NB(s, t, i) (((size_t *)((char *)(t) + (s)->off.nb))[i])
+#define SRC(s, t, i) (((void **)((char *)(t) + (s)->off.src))[i])
+
+/* dst = a times b, with b's rows f32 (nb[0] 4), dst f32 and [a's rows, b's rows, b's ne2, ne3] */
+static int plain_product(const state_t *s, void *t, void *a, void *b) {
+    return a && b && !SRC(s, t, 2) && AT(s, t, op, int32_t) == s->mul_mat && TYPE(s, b) == F32 &&
+           TYPE(s, t) == F32 && NB(s, b, 0) == 4 && NB(s, t, 0) == 4 && NE(s, a, 0) == NE(s, b, 0) &&
+           NE(s, t, 0) == NE(s, a, 1) && NE(s, t, 1) == NE(s, b, 1) && NE(s, t, 2) == NE(s, b, 2) &&
+           NE(s, t, 3) == NE(s, b, 3) && NE(s, b, 1) > 1;
+}
+
+/* the op to run node t with, or NULL: llama.cpp's own */
+static custom_op take(const state_t *s, void *t) {
+    void *a = SRC(s, t, 0), *b = SRC(s, t, 1);
+    if (!plain_product(s, t, a, b)) return NULL;
+    if (s->q4_1_op && TYPE(s, a) == Q4_1) /* weights [K, M], contiguous; rows [K, n] */
+        return NE(s, a, 0) % 32 == 0 && NB(s, a, 0) == 20 && NB(s, a, 1) == (size_t)NE(s, a, 0) / 32 * 20 &&
+                       NE(s, a, 2) * NE(s, a, 3) * NE(s, b, 2) * NE(s, b, 3) == 1
+                   ? s->q4_1_op
+                   : NULL;
+    if (s->f16_op && s->decoded && TYPE(s, a) == F16 && NB(s, a, 0) == 2 && NE(s, b, 2) % NE(s, a, 2) == 0 &&
+        NE(s, b, 3) % NE(s, a, 3) == 0) {
+        const char *name = &AT(s, t, name, char);
+        if (name[0] == 'k' && name[1] == 'q' && (name[2] == '-' || (name[2] == 'v' && name[3] == '-')))
+            return s->f16_op;
+    }
+    return NULL;
+}
+
+/* ggml_backend_sched_eval_callback */
+static _Bool callback(void *t, _Bool ask, void *user) {
+    state_t *s = user;
+    if (ask) {
+        const custom_op op = take(s, t);
+        if (!op) return 0;
+        const custom_params p = {op, -1 /* GGML_N_TASKS_MAX: every thread */, (void *)&s->failed};
+        s->node = t, s->saved_op = AT(s, t, op, int32_t);
+        memcpy(s->saved_params, &AT(s, t, op_params, char), OP_PARAMS);
+        memcpy(&AT(s, t, op_params, char), &p, sizeof p);
+        AT(s, t, op, int32_t) = s->custom;
+        if (op == s->q4_1_op) s->taken_q4_1++;
+        else s->taken_attention++;
+        return 1;
+    }
+    if (s->node == t) { /* computed: llama.cpp's node again */
+        AT(s, t, op, int32_t) = s->saved_op;
+        memcpy(&AT(s, t, op_params, char), s->saved_params, OP_PARAMS);
+        s->node = NULL;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------- Python */
+static PyObject *new(PyObject *self, PyObject *args) {
+    (void)self;
+    state_t *s = calloc(1, sizeof *s);
+    if (!s) return PyErr_NoMemory();
+    unsigned long long q4_1_op, f16_op;
+    if (!PyArg_ParseTuple(args, "(nnnnnnnn)(ii)KK", &s->off.type, &s->off.ne, &s->off.nb, &s->off.op,
+                          &s->off.op_params, &s->off.src, &s->off.data, &s->off.name, &s->mul_mat, &s->custom,
+                          &q4_1_op, &f16_op)) {
+        free(s);
+        return NULL;
+    }
+    s->q4_1_op = (custom_op)(uintptr_t)q4_1_op, s->f16_op = (custom_op)(uintptr_t)f16_op;
+    return PyLong_FromVoidPtr(s);
+}
+
+static state_t *state_of(PyObject *arg) {
+    state_t *s = PyLong_AsVoidPtr(arg);
+    if (!s && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no state");
+    return s;
+}
+
+static PyObject *free_state(PyObject *self, PyObject *arg) {
+    (void)self;
+    state_t *s = state_of(arg);
+    if (!s) return NULL;
+    free(s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *failed(PyObject *self, PyObject *arg) {
+    (void)self;
+    state_t *s = state_of(arg);
+    if (!s) return NULL;
+    const int was = s->failed;
+    s->failed = 0;
+    return PyBool_FromLong(was);
+}
+
+static PyObject *taken(PyObject *self, PyObject *arg) {
+    (void)self;
+    const state_t *s = state_of(arg);
+    if (!s) return NULL;
+    return Py_BuildValue("(LL)", (long long)s->taken_q4_1, (long long)s->taken_attention);
+}
+
+static PyObject *callback_address(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromUnsignedLongLong((uintptr_t)callback);
+}
+
+static PyMethodDef methods[] = {
+    {"new", new, METH_VARARGS,
+     "new((type, ne, nb, op, op_params, src, data, name offsets), (MUL_MAT, CUSTOM), q4_1_op, f16_op) -> state"},
+    {"free", free_state, METH_O, "free(state)"},
+    {"failed", failed, METH_O, "failed(state) -> whether a kernel lacked memory since the last call"},
+    {"taken", taken, METH_O, "taken(state) -> (Q4_1 products, attention products) computed by our kernels"},
+    {"callback", callback_address, METH_NOARGS, "callback() -> the eval callback's address"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_graph_ops", "Our kernels in llama.cpp's graph.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__graph_ops(void) { return PyModule_Create(&module); }

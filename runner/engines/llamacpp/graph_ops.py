@@ -1,0 +1,101 @@
+"""Our kernels in llama.cpp's graph: Q4_1 products of several rows, and a verified draft's
+attention summed as lone rows' (issue 26).
+
+The old engine cannot change the graph llama.cpp builds, but llama.cpp offers an eval callback
+(``llama_context_params.cb_eval``), called about each node before it is computed. Ours
+(``graph_ops.c``, its header says how) has two kinds of node computed by our kernels instead, on
+GGML's threads, and puts each node back after:
+
+- **Q4_1 weights times several rows** (prompts, drafted steps): GGML multiplies them one weight
+  row and activation row at a time; :mod:`runner.ml.ggml.q4_1`'s kernels give the same numbers
+  several rows at a time (``POLLAMA_ROW_KERNELS=0`` leaves them to GGML, as on the new engine).
+- **Attention in a batch of decoded tokens** (a sampled token and its drafted ones): llama.cpp
+  multiplies a batch's K·Q and V products with llamafile's tiles and a lone row's with
+  ``ggml_vec_dot_f16``, which sum in different orders, so a drafted token's logits differed in
+  their last bits from the same token decoded alone, and at a near-tie the greedy text parted
+  from the answer without guesses. :mod:`runner.ml.ggml.f16_rows`'s kernels sum each row as a
+  lone row's. With flash attention there are no such products, and a quantized KV cache has no
+  f16 ones.
+
+Both kernels are checked bit for bit against the loaded library's own dot products before they
+are used (their modules); where one does not apply (not built, another CPU), that kind of node
+stays llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import llama_cpp as L
+
+from ...ml.ggml import bindings as g
+from ...ml.ggml import f16_rows, q4_1
+
+log = logging.getLogger(__name__)
+
+
+class GraphOps:
+    """The eval callback's state for one llama.cpp context."""
+
+    def __init__(self, module: Any, state: int, q4_1: bool) -> None:
+        self._module, self._state = module, state
+        self.q4_1 = q4_1  # whether our kernels take Q4_1 products
+        self._decoded = ctypes.c_int32.from_address(state)
+        # the callback as llama-cpp-python's field type, kept alive with the state
+        self.callback = L.ggml_backend_sched_eval_callback(module.callback())
+
+    @classmethod
+    def create(cls, *, row_kernels: bool, attention: bool) -> GraphOps | None:
+        """A state taking Q4_1 products (``row_kernels``) and decoded batches' attention
+        (``attention``) where our kernels run here; None where neither does."""
+        try:
+            from . import _graph_ops  # type: ignore[attr-defined]
+        except ImportError:
+            log.info("llama.cpp graph ops: not built; llama.cpp's own kernels")
+            return None
+        q4_1_op = f16_op = 0
+        if row_kernels and q4_1.kernels() is not None:
+            from ...ml.ggml import _q4_1  # type: ignore[attr-defined]  # built: kernels() said so
+
+            q4_1_op = _q4_1.mul_mat_op()
+        to_f16 = g.cpu_function("ggml_cpu_fp32_to_fp16")
+        if attention and f16_rows.kernels() is not None and to_f16:
+            from ...ml.ggml import _f16_rows  # type: ignore[attr-defined]
+
+            f16_op = _f16_rows.f32_rows_op(to_f16)
+        if not q4_1_op and not f16_op:
+            return None
+        t = g.ggml_tensor
+        offsets = tuple(getattr(t, f).offset for f in ("type", "ne", "nb", "op", "op_params", "src", "data", "name"))
+        state = _graph_ops.new(offsets, (g.op_id("MUL_MAT"), g.op_id("CUSTOM")), q4_1_op, f16_op)
+        return cls(_graph_ops, state, bool(q4_1_op))
+
+    def hook(self, cparams: Any) -> None:
+        """Install the callback in a context's parameters (before ``llama_init_from_model``)."""
+        cparams.cb_eval = self.callback
+        cparams.cb_eval_user_data = self._state
+
+    def decoding(self, decoded: bool) -> None:
+        """Before each ``llama_decode``: whether its batch is all decoded tokens (and False after)."""
+        self._decoded.value = int(decoded)
+
+    def failed(self) -> bool:
+        """After a ``llama_decode``: whether a kernel could not get its memory, so the decode's
+        numbers are not to be read. Cleared by asking."""
+        return self._module.failed(self._state)
+
+    @property
+    def taken(self) -> tuple[int, int]:
+        """(Q4_1 products, attention products) our kernels computed so far (for tests)."""
+        return self._module.taken(self._state)
+
+    def close(self) -> None:
+        """After the context is freed."""
+        if self._state:
+            self._module.free(self._state)
+            self._state = 0
+
+
+__all__ = ["GraphOps"]
