@@ -122,3 +122,21 @@ def test_the_old_engine_s_logits_are_the_same_bits_with_the_kernels(flash):
         assert taken == 2 * 7 * 30 and not_taken == 0
     assert all(np.array_equal(a, b) for a, b in zip(first, first_ggml))
     assert all(np.array_equal(a, b) for a, b in zip(drafted, drafted_ggml))
+
+
+def test_a_gpu_build_gets_no_graph_ops(monkeypatch):
+    """A llama.cpp built with a GPU backend computes some of the CPU's layers' products on the GPU
+    too, and a GPU backend has no custom ops: the old engine hands such a build no callback (the
+    path proven on real hardware). On this CPU build it gets one where our kernels run."""
+    import llama_cpp
+
+    from runner.engines.llamacpp.graph_ops import GraphOps
+
+    on_cpu = GraphOps.create(row_kernels=True, attention=True)
+    try:
+        assert (on_cpu is not None) == X86_AVX2 and (on_cpu is None or on_cpu.q4_1)
+    finally:
+        if on_cpu is not None:
+            on_cpu.close()
+    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
+    assert GraphOps.create(row_kernels=True, attention=True) is None

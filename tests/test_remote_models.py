@@ -155,6 +155,7 @@ def test_conversation_turns_stay_on_their_replica(tmp_path_factory, upstream):
             history = [{"role": "user", "content": f"Tell me about {topic}."}]
             for _ in range(2):
                 body = chat(server.url, "pair", history, options={"num_predict": 3, "temperature": 0}).json()
+                assert "message" in body, body
                 history += [body["message"], {"role": "user", "content": "More."}]
                 served.setdefault(topic, set()).update(_busy(seen, upstream, second))
         assert all(len(where) == 1 for where in served.values()), served

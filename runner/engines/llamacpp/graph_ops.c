@@ -17,13 +17,17 @@
      f16 kernels (runner/ml/ggml/f16_rows.c) sum each as a lone row's, so a verified draft's
      logits are the ones decoding its tokens one at a time gives.
 
-   Every other node, and attention in other batches, is llama.cpp's own. The kernels are checked
-   against the loaded library's own dot products before they are handed in (their modules).
+   Every other node, and attention in other batches, is llama.cpp's own; so is every node whose
+   numbers or operands are not in host memory (a build with a GPU backend computes those there,
+   offloaded layers or large products, and a GPU backend has no custom ops). The kernels are
+   checked against the loaded library's own dot products before they are handed in (their
+   modules).
 
-   new(offsets, ops, types, q4_1_op, f16_op) -> int
-     A state (the callback's user data): offsets of struct ggml_tensor's type, ne, nb, op,
-     op_params, src, data and name; enum ggml_op's MUL_MAT and CUSTOM; the op addresses (0: that
-     kind is not taken). Its first int32 is ``decoded``, which the engine flips before a decode.
+   new(offsets, ops, is_host, q4_1_op, f16_op) -> int
+     A state (the callback's user data): offsets of struct ggml_tensor's type, buffer, ne, nb, op,
+     op_params, src, data and name; enum ggml_op's MUL_MAT and CUSTOM; the address of
+     ggml_backend_buffer_is_host; the op addresses (0: that kind is not taken). Its first int32
+     is ``decoded``, which the engine flips before a decode.
    free(state), failed(state) -> bool (a kernel could not get its memory since the last call:
      the decode's numbers are not to be read), taken(state) -> (Q4_1 products, attention ones).
    callback() -> int
@@ -44,8 +48,9 @@ typedef struct { custom_op fun; int n_tasks; void *userdata; } custom_params; /*
 typedef struct {
     volatile int32_t decoded; /* first: the engine sets it (ctypes, at the state's address) */
     volatile int32_t failed;  /* set by a kernel (its userdata) */
-    struct { size_t type, ne, nb, op, op_params, src, data, name; } off;
+    struct { size_t type, buffer, ne, nb, op, op_params, src, data, name; } off;
     int32_t mul_mat, custom;
+    _Bool (*is_host)(void *buffer);
     custom_op q4_1_op, f16_op;
     void *node; /* the node turned custom, until it is put back */
     int32_t saved_op;
@@ -59,12 +64,19 @@ typedef struct {
 #define NB(s, t, i) (((size_t *)((char *)(t) + (s)->off.nb))[i])
 #define SRC(s, t, i) (((void **)((char *)(t) + (s)->off.src))[i])
 
-/* dst = a times b, with b's rows f32 (nb[0] 4), dst f32 and [a's rows, b's rows, b's ne2, ne3] */
+static int in_host_memory(const state_t *s, void *t) {
+    void *buffer = AT(s, t, buffer, void *);
+    return buffer && s->is_host(buffer);
+}
+
+/* dst = a times b, with b's rows f32 (nb[0] 4), dst f32 and [a's rows, b's rows, b's ne2, ne3],
+   all three in host memory */
 static int plain_product(const state_t *s, void *t, void *a, void *b) {
     return a && b && !SRC(s, t, 2) && AT(s, t, op, int32_t) == s->mul_mat && TYPE(s, b) == F32 &&
            TYPE(s, t) == F32 && NB(s, b, 0) == 4 && NB(s, t, 0) == 4 && NE(s, a, 0) == NE(s, b, 0) &&
            NE(s, t, 0) == NE(s, a, 1) && NE(s, t, 1) == NE(s, b, 1) && NE(s, t, 2) == NE(s, b, 2) &&
-           NE(s, t, 3) == NE(s, b, 3) && NE(s, b, 1) > 1;
+           NE(s, t, 3) == NE(s, b, 3) && NE(s, b, 1) > 1 && in_host_memory(s, t) && in_host_memory(s, a) &&
+           in_host_memory(s, b);
 }
 
 /* the op to run node t with, or NULL: llama.cpp's own */
@@ -113,13 +125,19 @@ static PyObject *new(PyObject *self, PyObject *args) {
     (void)self;
     state_t *s = calloc(1, sizeof *s);
     if (!s) return PyErr_NoMemory();
-    unsigned long long q4_1_op, f16_op;
-    if (!PyArg_ParseTuple(args, "(nnnnnnnn)(ii)KK", &s->off.type, &s->off.ne, &s->off.nb, &s->off.op,
-                          &s->off.op_params, &s->off.src, &s->off.data, &s->off.name, &s->mul_mat, &s->custom,
-                          &q4_1_op, &f16_op)) {
+    unsigned long long is_host, q4_1_op, f16_op;
+    if (!PyArg_ParseTuple(args, "(nnnnnnnnn)(ii)KKK", &s->off.type, &s->off.buffer, &s->off.ne, &s->off.nb,
+                          &s->off.op, &s->off.op_params, &s->off.src, &s->off.data, &s->off.name, &s->mul_mat,
+                          &s->custom, &is_host, &q4_1_op, &f16_op)) {
         free(s);
         return NULL;
     }
+    if (!is_host) {
+        free(s);
+        PyErr_SetString(PyExc_ValueError, "no ggml_backend_buffer_is_host");
+        return NULL;
+    }
+    s->is_host = (_Bool (*)(void *))(uintptr_t)is_host;
     s->q4_1_op = (custom_op)(uintptr_t)q4_1_op, s->f16_op = (custom_op)(uintptr_t)f16_op;
     return PyLong_FromVoidPtr(s);
 }
@@ -161,7 +179,8 @@ static PyObject *callback_address(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"new", new, METH_VARARGS,
-     "new((type, ne, nb, op, op_params, src, data, name offsets), (MUL_MAT, CUSTOM), q4_1_op, f16_op) -> state"},
+     "new((type, buffer, ne, nb, op, op_params, src, data, name offsets), (MUL_MAT, CUSTOM), is_host, q4_1_op, "
+     "f16_op) -> state"},
     {"free", free_state, METH_O, "free(state)"},
     {"failed", failed, METH_O, "failed(state) -> whether a kernel lacked memory since the last call"},
     {"taken", taken, METH_O, "taken(state) -> (Q4_1 products, attention products) computed by our kernels"},

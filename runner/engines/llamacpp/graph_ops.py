@@ -19,7 +19,10 @@ GGML's threads, and puts each node back after:
 
 Both kernels are checked bit for bit against the loaded library's own dot products before they
 are used (their modules); where one does not apply (not built, another CPU), that kind of node
-stays llama.cpp's.
+stays llama.cpp's. A llama.cpp built with a GPU backend gets no callback at all: its GPU computes
+offloaded layers, and large products of the CPU's layers too, and has no custom ops; such a build
+was proven on real hardware without it (README § GPU), and the callback has not been run on one.
+(The callback also takes only nodes whose numbers and operands are in host memory.)
 """
 
 from __future__ import annotations
@@ -49,7 +52,10 @@ class GraphOps:
     @classmethod
     def create(cls, *, row_kernels: bool, attention: bool) -> GraphOps | None:
         """A state taking Q4_1 products (``row_kernels``) and decoded batches' attention
-        (``attention``) where our kernels run here; None where neither does."""
+        (``attention``) where our kernels run here; None where neither does, or on a GPU build."""
+        if L.llama_supports_gpu_offload():
+            log.info("llama.cpp graph ops: a GPU build; llama.cpp's own kernels")
+            return None
         try:
             from . import _graph_ops  # type: ignore[attr-defined]
         except ImportError:
@@ -68,8 +74,10 @@ class GraphOps:
         if not q4_1_op and not f16_op:
             return None
         t = g.ggml_tensor
-        offsets = tuple(getattr(t, f).offset for f in ("type", "ne", "nb", "op", "op_params", "src", "data", "name"))
-        state = _graph_ops.new(offsets, (g.op_id("MUL_MAT"), g.op_id("CUSTOM")), q4_1_op, f16_op)
+        fields = ("type", "buffer", "ne", "nb", "op", "op_params", "src", "data", "name")
+        is_host = ctypes.cast(g.ggml_backend_buffer_is_host, ctypes.c_void_p).value
+        state = _graph_ops.new(tuple(getattr(t, f).offset for f in fields), (g.op_id("MUL_MAT"), g.op_id("CUSTOM")),
+                               is_host, q4_1_op, f16_op)
         return cls(_graph_ops, state, bool(q4_1_op))
 
     def hook(self, cparams: Any) -> None:
