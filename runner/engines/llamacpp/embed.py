@@ -35,7 +35,7 @@ class EmbedContext:
         params.kv_unified = True
         params.embeddings = True
         params.pooling_type = L.LLAMA_POOLING_TYPE_NONE  # every token's row: the loop averages them
-        params.cb_eval = L.ggml_backend_sched_eval_callback()  # not the model context's (attention.py)
+        params.cb_eval = L.ggml_backend_sched_eval_callback()  # not the model context's (graph_ops.py)
         params.cb_eval_user_data = None
         self.max_lanes = max_lanes
         self._model = model
