@@ -297,9 +297,14 @@ class LlamaEngine:
         finally:
             if ops is not None:  # an image's decode (libmtmd's) is not one
                 ops.decoding(False)
+        self._ops_done()
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
-        if ops is not None and ops.failed():
+
+    def _ops_done(self) -> None:
+        """After every decode of the context (ours, an image's): our kernels' state tidied and
+        checked (graph_ops.py)."""
+        if self._ops is not None and self._ops.failed():
             raise LoadError("llama_decode failed: out of memory for our kernels' rows")
 
     def image_inputs(self, image: Image) -> list[Input]:
@@ -314,7 +319,10 @@ class LlamaEngine:
     def decode_image(self, image: ImageInput, pos: int, seq_id: int) -> None:
         if self.vision is None:
             raise NoVision()
-        self.vision.decode(self._ctx, image.source, pos, seq_id, self.num_batch)
+        try:
+            self.vision.decode(self._ctx, image.source, pos, seq_id, self.num_batch)
+        finally:
+            self._ops_done()
 
     def embed_lanes(self) -> EmbedContext:
         if self._embed is None:

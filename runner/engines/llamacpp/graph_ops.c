@@ -28,8 +28,9 @@
      op_params, src, data and name; enum ggml_op's MUL_MAT and CUSTOM; the address of
      ggml_backend_buffer_is_host; the op addresses (0: that kind is not taken). Its first int32
      is ``decoded``, which the engine flips before a decode.
-   free(state), failed(state) -> bool (a kernel could not get its memory since the last call:
-     the decode's numbers are not to be read), taken(state) -> (Q4_1 products, attention ones).
+   free(state), failed(state) -> bool (after a decode: a kernel could not get its memory since
+     the last call, so the decode's numbers are not to be read; it also puts back a node a
+     stopped compute left custom), taken(state) -> (Q4_1 products, attention ones).
    callback() -> int
      The ggml_backend_sched_eval_callback's address. */
 
@@ -97,6 +98,14 @@ static custom_op take(const state_t *s, void *t) {
     return NULL;
 }
 
+/* the node turned custom made llama.cpp's again, if one still is */
+static void put_back(state_t *s) {
+    if (!s->node) return;
+    AT(s, s->node, op, int32_t) = s->saved_op;
+    memcpy(&AT(s, s->node, op_params, char), s->saved_params, OP_PARAMS);
+    s->node = NULL;
+}
+
 /* ggml_backend_sched_eval_callback */
 static _Bool callback(void *t, _Bool ask, void *user) {
     state_t *s = user;
@@ -112,11 +121,7 @@ static _Bool callback(void *t, _Bool ask, void *user) {
         else s->taken_attention++;
         return 1;
     }
-    if (s->node == t) { /* computed: llama.cpp's node again */
-        AT(s, t, op, int32_t) = s->saved_op;
-        memcpy(&AT(s, t, op_params, char), s->saved_params, OP_PARAMS);
-        s->node = NULL;
-    }
+    if (s->node == t) put_back(s); /* computed: llama.cpp's node again */
     return 1;
 }
 
@@ -160,6 +165,7 @@ static PyObject *failed(PyObject *self, PyObject *arg) {
     (void)self;
     state_t *s = state_of(arg);
     if (!s) return NULL;
+    put_back(s); /* a graph whose compute stopped early never called back with the node */
     const int was = s->failed;
     s->failed = 0;
     return PyBool_FromLong(was);

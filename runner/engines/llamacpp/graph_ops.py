@@ -90,8 +90,9 @@ class GraphOps:
         self._decoded.value = int(decoded)
 
     def failed(self) -> bool:
-        """After a ``llama_decode``: whether a kernel could not get its memory, so the decode's
-        numbers are not to be read. Cleared by asking."""
+        """After every ``llama_decode``: whether a kernel could not get its memory, so the
+        decode's numbers are not to be read (cleared by asking). It also gives llama.cpp back a
+        node that a compute stopped early left ours."""
         return self._module.failed(self._state)
 
     @property
