@@ -4,7 +4,8 @@ For each engine and run, in interleaved order: load the model, embed the 200 inp
 (the first embedding after the load), again (warm), then one call per input (each input its own
 decode, which is what every call did before inputs shared decodes). Wall time and process CPU
 time (all threads) per call; medians over --runs. With --server the same first/warm calls go
-through `pollama serve`'s /api/embed (server process CPU).
+through `pollama serve`'s /api/embed (server process CPU). "old-ggml": the old engine with
+POLLAMA_ROW_KERNELS=0 (llama.cpp's own Q4_1 products, not our kernels).
 
     python bench/bench_embed.py [--runs 3] [--threads N] [--server]
 """
@@ -34,9 +35,11 @@ N_INPUTS = 200
 
 
 def load(engine: str, threads: int):
-    cfg = dataclasses.replace(config.load({}), new_engine=(engine == "new"))
+    """``engine``: "old", "new", or "old-ggml" (POLLAMA_ROW_KERNELS=0: llama.cpp's own Q4_1 products)."""
+    cfg = dataclasses.replace(config.load({}), new_engine=engine.startswith("new"),
+                              row_kernels=not engine.endswith("-ggml"))
     r = runner.load(runner.resolve(None, cfg), Options(num_thread=threads), cfg)
-    assert r.engine == engine
+    assert r.engine == engine.split("-")[0]
     return r
 
 
@@ -102,7 +105,7 @@ def main() -> None:
     results: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for _ in range(args.runs):  # interleaved: every configuration once per round
         for where, fn in kinds:
-            for engine in ("old", "new"):
+            for engine in ("old", "old-ggml", "new") if fn is in_process else ("old", "new"):
                 for name, value in fn(engine, args.threads, words).items():
                     results.setdefault((where, engine, name), []).append(value)
 

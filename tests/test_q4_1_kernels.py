@@ -140,3 +140,35 @@ def test_a_gpu_build_gets_no_graph_ops(monkeypatch):
             on_cpu.close()
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
     assert GraphOps.create(row_kernels=True, attention=True) is None
+
+
+def _old_engine_embeddings(row_kernels: bool) -> tuple[list[list[float]], int]:
+    """The old engine's SmolLM2 embeddings of a few texts, and the Q4_1 products our kernels took
+    in its embedding context."""
+    import dataclasses
+
+    import runner
+    from runner import config
+    from runner.api import Options
+    from tests.conftest import fresh_cache_dir
+
+    cfg = dataclasses.replace(config.load({}), new_engine=False, row_kernels=row_kernels, cache_dir=fresh_cache_dir())
+    r = runner.load(runner.resolve(str(SMOLLM2), cfg), Options().merged({"num_ctx": 1024}), cfg)
+    try:
+        texts = ["The old stone bridge has five arches.", "A lighthouse keeper finds a bottle. " * 8, "hello"]
+        vectors = r.embed(texts).vectors
+        ops = r.model_engine._embed._ops
+        return vectors, ops.taken[0] if ops is not None else 0
+    finally:
+        r.close()
+
+
+def test_the_old_engine_s_embeddings_are_the_same_bits_with_the_kernels():
+    """The old engine's embedding context (a llama.cpp context of its own) takes its Q4_1
+    products to our kernels too, through its own eval callback: the vectors are llama.cpp's own
+    (POLLAMA_ROW_KERNELS=0) bit for bit."""
+    vectors, taken = _old_engine_embeddings(True)
+    vectors_ggml, not_taken = _old_engine_embeddings(False)
+    if X86_AVX2:
+        assert taken >= 7 * 30 and not_taken == 0
+    assert vectors == vectors_ggml

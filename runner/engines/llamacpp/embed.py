@@ -5,7 +5,9 @@ sequence, so its slots cannot evaluate several independent inputs in one decode.
 can: one unified KV buffer of ``num_ctx`` cells (a job's room) shared by up to ``max_lanes``
 sequences, with outputs for every token. It is made at the first embedding, with the main
 context's threads, flash attention and KV type, and costs about one slot's KV cache plus a
-compute buffer for one embedding batch (128 tokens: ~25 MiB for SmolLM2).
+compute buffer for one embedding batch (128 tokens: ~25 MiB for SmolLM2). Its Q4_1 products go
+to our kernels as the main context's do (its own :class:`~.graph_ops.GraphOps`; no attention is
+taken: embeddings are never drafted).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 
 from ...api import LoadError
 from ...loop.slots import InputCache, Slot
+from .graph_ops import GraphOps
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +28,10 @@ class EmbedContext:
     """:class:`runner.loop.embedding.EmbedLanes` over a llama.cpp context made for embeddings."""
 
     def __init__(self, model, base: L.llama_context_params, batch, *, num_ctx: int, num_batch: int,
-                 max_lanes: int, n_embd: int) -> None:
+                 max_lanes: int, n_embd: int, ops: GraphOps | None = None) -> None:
         """``base``: the main context's parameters; ``batch``: a ``_Batch`` of ``num_batch``
-        tokens that this context fills."""
+        tokens that this context fills; ``ops``: this context's eval callback state (closed with
+        it), or None."""
         params = L.llama_context_params.from_buffer_copy(base)
         params.n_ctx = num_ctx
         params.n_batch = params.n_ubatch = num_batch
@@ -37,6 +41,9 @@ class EmbedContext:
         params.pooling_type = L.LLAMA_POOLING_TYPE_NONE  # every token's row: the loop averages them
         params.cb_eval = L.ggml_backend_sched_eval_callback()  # not the model context's (graph_ops.py)
         params.cb_eval_user_data = None
+        self._ops = ops
+        if ops is not None:
+            ops.hook(params)
         self.max_lanes = max_lanes
         self._model = model
         self._params = params
@@ -67,6 +74,8 @@ class EmbedContext:
     def decode(self) -> None:
         self._batch.struct.n_tokens = self._batch.n
         rc = L.llama_decode(self._ctx, self._batch.struct)
+        if self._ops is not None and self._ops.failed():  # asked after every decode (graph_ops.py)
+            raise LoadError("llama_decode failed: out of memory for our kernels' rows")
         if rc != 0:
             raise LoadError(f"llama_decode failed with code {rc}")
 
@@ -85,3 +94,6 @@ class EmbedContext:
         if self._ctx is not None:
             L.llama_free(self._ctx)
             self._ctx = self._mem = None
+        if self._ops is not None:
+            self._ops.close()
+            self._ops = None

@@ -222,6 +222,7 @@ class LlamaEngine:
         bos, eos = L.llama_vocab_bos(self._vocab), L.llama_vocab_eos(self._vocab)
         self._special = (self._token_text(bos), self._token_text(eos))
         self._cparams = cparams  # the embedding context copies its threads, attention and KV type
+        self._row_kernels = load.row_kernels  # and takes Q4_1 products to our kernels as this one
         self._embed: EmbedContext | None = None
         self.vision: Projector | None = None  # libmtmd, when the model has a projector
         if info.projector:
@@ -328,7 +329,8 @@ class LlamaEngine:
         if self._embed is None:
             n = batch_size(self.num_batch)
             self._embed = EmbedContext(self._model, self._cparams, _Batch(n), num_ctx=self.num_ctx, num_batch=n,
-                                       max_lanes=min(MAX_LANES, n), n_embd=self._n_embd)
+                                       max_lanes=min(MAX_LANES, n), n_embd=self._n_embd,
+                                       ops=GraphOps.create(row_kernels=self._row_kernels, attention=False))
         return self._embed
 
     def logits(self, row: int) -> np.ndarray:
