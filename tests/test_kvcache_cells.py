@@ -702,7 +702,7 @@ def test_can_resume_swa_table_vs_full_table() -> None:
 
 
 def test_in_order_a_window_takes_the_same_cells_one_step_at_a_time_or_in_batches() -> None:
-    """``in_order`` (the batch-invariant mode): a sliding window's only sequence takes the cells
+    """``in_order`` (the GGML backend's): a sliding window's only sequence takes the cells
     after its newest one, round the table, so a position lands in one cell however its tokens
     were batched (and attention sums the window in one order). Lowest-free would put position
     9 of one-token steps in a freed low cell, and a batch's in the cells after the window."""

@@ -18,7 +18,8 @@ decoded token) is a handful of vector operations over the cells, not Python loop
 Rules (reference §2.4):
 
 - *find locations*: any free cells, lowest index first, one per batch token; no contiguous block.
-  With ``in_order`` (the batch-invariant mode), a sliding window with finite memory that one
+  With ``in_order`` (the GGML backend's; llama.cpp's cache searches from a head that moves on
+  past each batch, the same ring), a sliding window with finite memory that one
   sequence holds alone takes the free cells after that sequence's newest cell first, round the
   table (a ring): with ``size >= memory + max_batch`` a position then lands in the same cell
   whether its tokens came one at a time or in batches (the cell's last occupant is out of

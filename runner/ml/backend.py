@@ -42,8 +42,7 @@ class BackendOptions:
       threads for one row nor tiled for many, no fused ops; matrix products by one-row dot
       products for every row count: no llamafile tiles, no repacked weights), so drafted rows
       verified in a batch give the answer decoding alone gives (``POLLAMA_BATCH_INVARIANT``;
-      with flash attention; a sliding window's cells go round the cache,
-      :attr:`CacheConfig.cells_in_order`). Slower: a decode at 2,000 cells ~8%, a prompt ~30%
+      with flash attention). Slower: a decode at 2,000 cells ~8%, a prompt ~30%
       (2 threads), ~50% where the tiles took most weights.
     - ``row_kernels``: multiply Q4_1 weights by several rows at a time with our kernels
       (``runner/ml/ggml/q4_1.c``), which give GGML's one-row numbers bit for bit (checked at
@@ -69,7 +68,7 @@ class CacheConfig:
     - ``cells_in_order``: a sliding window's only sequence takes the free cells after its newest
       one, round the cache (a ring), not the lowest free ones: each position then lands in the
       same cell whatever batches brought it, and attention meets the window's cells in the same
-      order for a lone row and a batch's (``BackendOptions.batch_invariant``).
+      order for a lone row and a batch's (the GGML backend's, as llama.cpp's cache: its head).
     """
 
     cache_padding: int = 1
