@@ -56,7 +56,9 @@ INVARIANT = False  # --invariant on: the new engine's batch-invariant mode (POLL
 
 def load_engine(path: Path, engine: str, threads: int):
     """``engine``: "old", "new", or either with "-ggml" (POLLAMA_ROW_KERNELS=0: GGML's one-row
-    products for Q4_1 weights, as llama.cpp itself multiplies them)."""
+    products for Q4_1 weights, as llama.cpp itself multiplies them); "old-batched": the old engine
+    with llama.cpp's batched weight products in decoded batches, not lone rows'
+    (``runner/ml/ggml/lone_rows.py``: what a verified draft's rows being its tokens' alone costs)."""
     cfg = dataclasses.replace(config.load({}), new_engine=engine.startswith("new"), batch_invariant=INVARIANT,
                               row_kernels=not engine.endswith("-ggml"))
     info = runner.resolve(str(path), cfg).info
@@ -66,9 +68,11 @@ def load_engine(path: Path, engine: str, threads: int):
         from runner.engines.ggml.engine import GGMLEngine
 
         return info, GGMLEngine(info, plan)
-    from runner.engines.llamacpp.engine import LlamaEngine
+    from runner.engines.llamacpp import engine as llamacpp
 
-    return info, LlamaEngine(info, plan)
+    if engine.endswith("-batched"):
+        return info, llamacpp.LlamaEngine(info, plan, lone_rows=False)
+    return info, llamacpp.LlamaEngine(info, plan)
 
 
 def step(engine, tokens: list[int], pos: int) -> float:
@@ -118,7 +122,8 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2,smollm2-q4_k_m,smollm2-q8_0,gemma3",
                     help="comma list of: " + ",".join(bench_decode.MODELS))
     ap.add_argument("--engines", default="new,old", help="comma list of: new, old, new-ggml, old-ggml (an "
-                    "engine without our Q4_1 row kernels, POLLAMA_ROW_KERNELS=0)")
+                    "engine without our Q4_1 row kernels, POLLAMA_ROW_KERNELS=0), old-batched (decoded rows "
+                    "multiplied by llama.cpp's batched kernels, not as lone rows)")
     ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma list of step sizes (rows)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--history", type=int, default=400, help="prompt tokens before the steps (default 400)")

@@ -132,14 +132,14 @@ def test_a_gpu_build_gets_no_graph_ops(monkeypatch):
 
     from runner.engines.llamacpp.graph_ops import GraphOps
 
-    on_cpu = GraphOps.create(row_kernels=True, attention=True)
+    on_cpu = GraphOps.create(row_kernels=True, attention=True, lone=True)
     try:
-        assert (on_cpu is not None) == X86_AVX2 and (on_cpu is None or on_cpu.q4_1)
+        assert (on_cpu is not None) == X86_AVX2 and (on_cpu is None or (on_cpu.q4_1 and on_cpu.lone))
     finally:
         if on_cpu is not None:
             on_cpu.close()
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
-    assert GraphOps.create(row_kernels=True, attention=True) is None
+    assert GraphOps.create(row_kernels=True, attention=True, lone=True) is None
 
 
 def _old_engine_embeddings(row_kernels: bool) -> tuple[list[list[float]], int]:

@@ -66,6 +66,22 @@ def test_a_runner_costs_drafted_rows_by_how_its_weights_are_multiplied(model, en
         r.close()
 
 
+@pytest.mark.parametrize("engine,invariant,table", [("old", False, "lone"), ("new", False, "lone"),
+                                                    ("new", True, "per-row")])
+def test_a_q4_k_m_model_costs_its_drafted_rows_as_lone_rows(engine, invariant, table, tmp_path):
+    """Both engines compute a verified draft's Q5_0, Q4_K, Q6_K, ... products as lone rows'
+    (runner/ml/ggml/lone_rows.py), dearer than GGML's batched kernels from 8 rows: a Q4_K_M
+    model's drafts are costed so (the batch-invariant mode: every row alone, the dearest)."""
+    path = with_file_type(TINYSTORIES, tmp_path / "m.gguf", 15)  # its Q8_0 weights, called Q4_K_M
+    cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1" if invariant else ""}),
+                              new_engine=engine == "new", cache_ram=0, cache_disk=0)
+    r = runner.load(runner.resolve(str(path), cfg), Options().merged({"num_ctx": 256}), cfg)
+    try:
+        assert r.engine == engine and r.speculation.cost.name == table
+    finally:
+        r.close()
+
+
 @pytest.mark.parametrize("file_type,name,table", [(30, "IQ4_XS", "per-row"), (15, "Q4_K_M", "batched"),
                                                    (99, "unknown", "per-row")])
 def test_the_file_type_names_the_quantization_and_picks_the_table(file_type, name, table, tmp_path):

@@ -20,7 +20,7 @@ from ...loop.embedding import MAX_LANES, batch_size
 from ...loop.slots import ImageInput, Input
 from ...ml import kernels
 from ...ml.backend import BackendOptions
-from ...ml.ggml import q4_1
+from ...ml.ggml import lone_rows, q4_1
 from ...model import load_tokenizer
 from ...model.model import Outputs, Prepared
 from ...model.models import Batch, ModelLoadError, supported_architectures
@@ -70,9 +70,11 @@ class GGMLEngine:
         self.info = info
         self.num_ctx, self.num_batch = num_ctx, num_batch
         self.batch_capacity = num_batch  # one cell pool: num_batch tokens a decode in all
-        # GGML's batched kernels (not in the batch-invariant mode), and ours for Q4_1 where they run
+        # GGML's batched kernels (not in the batch-invariant mode), ours for Q4_1 where they run,
+        # and a decoded batch's other products as lone rows' (runner/ml/ggml/backend.py)
         self.multiplies = kernels.multiplies(ggml_batched=not load.batch_invariant,
-                                             tiled=load.row_kernels and bool(q4_1.variant()))
+                                             tiled=load.row_kernels and bool(q4_1.variant()),
+                                             lone=lone_rows.ops() is not None)
         options = BackendOptions(num_threads=load.num_thread, flash_attention=load.flash_attention,
                                  batch_invariant=load.batch_invariant, row_kernels=load.row_kernels)
         try:
@@ -148,8 +150,9 @@ class GGMLEngine:
     def prepare(self) -> None:
         toks, positions, seqs, outputs = self._batch
         try:
-            # every row an output: decoded tokens (sampled ones, drafted ones to verify)
-            decode = len(outputs) == len(toks)
+            # every row an output of one sequence: a sampled token and its drafted ones to
+            # verify, computed as lone rows (several conversations' tokens: as GGML batches them)
+            decode = len(outputs) == len(toks) and min(seqs) == max(seqs)
             prepared = self.model.prepare(Batch(toks, positions, seqs, outputs, decode=decode))
         except Exception as err:
             raise LoadError(f"forward pass failed: {err}") from err

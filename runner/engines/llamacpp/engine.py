@@ -156,9 +156,11 @@ class LlamaEngine:
 
     name = "old"
 
-    def __init__(self, info: ModelInfo, load: LoadOptions, placement: Placement = CPU) -> None:
+    def __init__(self, info: ModelInfo, load: LoadOptions, placement: Placement = CPU, *,
+                 lone_rows: bool = True) -> None:
         """``placement``: the layers to offload and where (:mod:`runner.loading.gpu`; the CPU
-        by default)."""
+        by default); ``lone_rows``: a decoded batch's weight products as lone rows' (graph_ops.py;
+        off only to measure what that costs, ``bench/bench_rows.py``)."""
         num_ctx, num_parallel, num_batch = load.num_ctx, load.num_parallel, load.num_batch
         if load.batch_invariant:
             log.warning("POLLAMA_BATCH_INVARIANT applies to the new engine only: llama.cpp keeps its "
@@ -192,14 +194,16 @@ class LlamaEngine:
         # flash attention and the KV cache type as runner.loading.plan resolved them
         cparams.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if load.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.type_k = cparams.type_v = {"f16": 1, "q8_0": 8, "q4_0": 2}[load.kv_cache_type]
-        # our kernels for Q4_1 products and a verified draft's attention (graph_ops.py); flash
-        # attention and a quantized cache have no f16 products to take
+        # our kernels for Q4_1 products, and a verified draft's rows as lone ones (graph_ops.py);
+        # flash attention and a quantized cache have no f16 products to take
         self._ops = GraphOps.create(row_kernels=load.row_kernels,
-                                    attention=not load.flash_attention and load.kv_cache_type == "f16")
+                                    attention=not load.flash_attention and load.kv_cache_type == "f16",
+                                    lone=lone_rows)
         if self._ops is not None:
             self._ops.hook(cparams)
         # llama.cpp's GGML kernels, and ours for Q4_1 where the callback takes them
-        self.multiplies = kernels.multiplies(ggml_batched=True, tiled=self._ops is not None and self._ops.q4_1)
+        self.multiplies = kernels.multiplies(ggml_batched=True, tiled=self._ops is not None and self._ops.q4_1,
+                                             lone=self._ops is not None and self._ops.lone)
         with _capture_llama_log() as captured:
             self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -289,8 +293,9 @@ class LlamaEngine:
         batch, self._prepared = self._prepared, None
         batch.struct.n_tokens = batch.n
         ops = self._ops
-        if ops is not None:  # every row an output: decoded tokens (sampled ones, drafted ones)
-            ops.decoding(batch.n > 1 and bool(batch.logits[:batch.n].all()))
+        if ops is not None:  # every row an output of one sequence: a sampled token and its drafted ones
+            n = batch.n
+            ops.decoding(n > 1 and bool(batch.logits[:n].all()) and bool((batch.seq[:n] == batch.seq[0]).all()))
         if started is not None:
             started.set()
         try:
@@ -330,7 +335,7 @@ class LlamaEngine:
             n = batch_size(self.num_batch)
             self._embed = EmbedContext(self._model, self._cparams, _Batch(n), num_ctx=self.num_ctx, num_batch=n,
                                        max_lanes=min(MAX_LANES, n), n_embd=self._n_embd,
-                                       ops=GraphOps.create(row_kernels=self._row_kernels, attention=False))
+                                       ops=GraphOps.create(row_kernels=self._row_kernels, attention=False, lone=False))
         return self._embed
 
     def logits(self, row: int) -> np.ndarray:

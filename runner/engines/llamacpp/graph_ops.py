@@ -1,10 +1,10 @@
 """Our kernels in llama.cpp's graph: Q4_1 products of several rows, and a verified draft's
-attention summed as lone rows' (issue 26).
+rows computed as lone rows (issue 26).
 
 The old engine cannot change the graph llama.cpp builds, but llama.cpp offers an eval callback
 (``llama_context_params.cb_eval``), called about each node before it is computed. Ours
-(``graph_ops.c``, its header says how) has two kinds of node computed by our kernels instead, on
-GGML's threads, and puts each node back after:
+(``graph_ops.c``, its header says how) has three kinds of node computed by our kernels instead,
+on GGML's threads, and puts each node back after:
 
 - **Q4_1 weights times several rows** (prompts, drafted steps): GGML multiplies them one weight
   row and activation row at a time; :mod:`runner.ml.ggml.q4_1`'s kernels give the same numbers
@@ -16,6 +16,11 @@ GGML's threads, and puts each node back after:
   from the answer without guesses. :mod:`runner.ml.ggml.f16_rows`'s kernels sum each row as a
   lone row's. With flash attention there are no such products, and a quantized KV cache has no
   f16 ones.
+- **The weight products of a batch of decoded tokens** whose batched kernels sum a row
+  otherwise than a lone one (:data:`runner.ml.ggml.lone_rows.TYPES`: gemma-3-270m's Q5_0, Q4_K
+  and Q6_K, not Q4_1 or Q8_0): :mod:`runner.ml.ggml.lone_rows` computes each row with GGML's own
+  one-row functions. So, without flash attention, a verified draft's logits are its tokens'
+  decoded alone on such a model too, at the price of its rows' arithmetic (``bench_rows.py``).
 
 Both kernels are checked bit for bit against the loaded library's own dot products before they
 are used (their modules); where one does not apply (not built, another CPU), that kind of node
@@ -34,7 +39,7 @@ from typing import Any
 import llama_cpp as L
 
 from ...ml.ggml import bindings as g
-from ...ml.ggml import f16_rows, q4_1
+from ...ml.ggml import f16_rows, lone_rows, q4_1
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +47,19 @@ log = logging.getLogger(__name__)
 class GraphOps:
     """The eval callback's state for one llama.cpp context."""
 
-    def __init__(self, module: Any, state: int, q4_1: bool) -> None:
+    def __init__(self, module: Any, state: int, q4_1: bool, lone: bool) -> None:
         self._module, self._state = module, state
         self.q4_1 = q4_1  # whether our kernels take Q4_1 products
+        self.lone = lone  # whether decoded batches' weight products are lone rows' (lone_rows.py)
         self._decoded = ctypes.c_int32.from_address(state)
         # the callback as llama-cpp-python's field type, kept alive with the state
         self.callback = L.ggml_backend_sched_eval_callback(module.callback())
 
     @classmethod
-    def create(cls, *, row_kernels: bool, attention: bool) -> GraphOps | None:
-        """A state taking Q4_1 products (``row_kernels``) and decoded batches' attention
-        (``attention``) where our kernels run here; None where neither does, or on a GPU build."""
+    def create(cls, *, row_kernels: bool, attention: bool, lone: bool) -> GraphOps | None:
+        """A state taking Q4_1 products (``row_kernels``), decoded batches' attention
+        (``attention``) and their other weight products (``lone``) where our kernels run here;
+        None where none does, or on a GPU build."""
         if L.llama_supports_gpu_offload():
             log.info("llama.cpp graph ops: a GPU build; llama.cpp's own kernels")
             return None
@@ -71,14 +78,20 @@ class GraphOps:
             from ...ml.ggml import _f16_rows  # type: ignore[attr-defined]
 
             f16_op = _f16_rows.f32_rows_op(to_f16)
-        if not q4_1_op and not f16_op:
+        lone_ops = (0, 0, 0, 0, 0)
+        if lone and lone_rows.ops() is not None:
+            plain, q4_K = lone_rows.ops()
+            repacked = g.ggml_backend_cpu_repack_buffer_type() if g.ggml_backend_cpu_repack_buffer_type else None
+            buffer_type = ctypes.cast(g.ggml_backend_buffer_get_type, ctypes.c_void_p).value
+            lone_ops = (plain, q4_K if repacked else 0, lone_rows.type_mask(), buffer_type, repacked or 0)
+        if not q4_1_op and not f16_op and not lone_ops[0]:
             return None
         t = g.ggml_tensor
         fields = ("type", "buffer", "ne", "nb", "op", "op_params", "src", "data", "name")
         is_host = ctypes.cast(g.ggml_backend_buffer_is_host, ctypes.c_void_p).value
         state = _graph_ops.new(tuple(getattr(t, f).offset for f in fields), (g.op_id("MUL_MAT"), g.op_id("CUSTOM")),
-                               is_host, q4_1_op, f16_op)
-        return cls(_graph_ops, state, bool(q4_1_op))
+                               is_host, q4_1_op, f16_op, lone_ops)
+        return cls(_graph_ops, state, bool(q4_1_op), bool(lone_ops[0]))
 
     def hook(self, cparams: Any) -> None:
         """Install the callback in a context's parameters (before ``llama_init_from_model``)."""
@@ -86,7 +99,8 @@ class GraphOps:
         cparams.cb_eval_user_data = self._state
 
     def decoding(self, decoded: bool) -> None:
-        """Before each ``llama_decode``: whether its batch is all decoded tokens (and False after)."""
+        """Before each ``llama_decode``: whether its batch is one sequence's decoded tokens, a
+        sampled one and its drafted ones, every row an output (and False after)."""
         self._decoded.value = int(decoded)
 
     def failed(self) -> bool:
@@ -96,8 +110,9 @@ class GraphOps:
         return self._module.failed(self._state)
 
     @property
-    def taken(self) -> tuple[int, int]:
-        """(Q4_1 products, attention products) our kernels computed so far (for tests)."""
+    def taken(self) -> tuple[int, int, int]:
+        """(Q4_1 products, attention products, lone-row products) our kernels computed so far
+        (for tests)."""
         return self._module.taken(self._state)
 
     def close(self) -> None:

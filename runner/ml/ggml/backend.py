@@ -31,7 +31,7 @@ from runner.ml.memory import available_memory
 from runner.ml.backend import BackendOptions, CacheConfig
 
 from . import bindings as g
-from . import f16_rows, q4_1
+from . import f16_rows, lone_rows, q4_1
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +266,12 @@ class GGMLTensor:
         # lays every weight's rows apart
         if c.decoded and self.ctx is not None and b_ne[1] > 1:
             ptr = f16_rows.product(c, self, b)
+            if ptr is not None:
+                return ptr, False
+        # the weights' products of decoded tokens, where GGML's batched kernels would sum a row
+        # otherwise (Q5_0, Q4_K, Q6_K, ...), by GGML's one-row functions (lone_rows.py)
+        if c.decoded and self.ctx is None and b_ne[1] > 1 and not c.backend.options.batch_invariant:
+            ptr = lone_rows.product(c, self, b)
             if ptr is not None:
                 return ptr, False
         apart = ((c.backend.options.batch_invariant and a_ne[2:] == (1, 1))
@@ -518,6 +524,7 @@ class GraphContext:
         self.placement = 0  # the allocator's placement its tensors have now (a new one: they moved)
         self.generation: int | None = None  # the allocator's buffer its tensors were placed in (None: never)
         self.q8_1_rows: dict[int, int] = {}  # activations' Q8_1 rows for the Q4_1 kernels, by tensor (q4_1.py)
+        self.lone_failed = ctypes.c_int32(0)  # set where lone_rows.py's op lacked memory: raised after compute
         self._closed = False
 
     # --- inputs ---------------------------------------------------------------------------------
@@ -859,6 +866,9 @@ class GGMLBackend:
             status = g.ggml_backend_graph_compute(self.ptr, ctx.graph)
         if status != g.GGML_STATUS_SUCCESS:
             raise RuntimeError(f"ggml_backend_graph_compute failed with status {status}")
+        if ctx.lone_failed.value:  # its numbers were not computed (lone_rows.py)
+            ctx.lone_failed.value = 0
+            raise MemoryError("no memory for the lone-row products' quantized rows")
 
     def close(self) -> None:
         if not self._closed:
