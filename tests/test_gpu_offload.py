@@ -111,6 +111,29 @@ def test_llama_cpp_lib_path_points_both_engines_at_one_copy(tmp_path: Path, orde
     names = {Path(p).name.split(".so")[0] for p in seen["maps"]}
     assert {"libggml-base", "libggml-cpu", "libggml", "libllama"} <= names
     assert all(Path(p).resolve().is_relative_to(copy.resolve()) for p in seen["maps"]), seen["maps"]
+    assert one_file_each(seen["maps"])
+
+
+def one_file_each(maps: list[str]) -> bool:
+    """Whether every GGML library is mapped from one file: a wheel stores libggml-cpu.so,
+    .so.0 and .so.0.25.3 as copies, and loading one name beside another maps a second GGML."""
+    ggml = [Path(p).name for p in maps if Path(p).name.startswith("libggml")]
+    return len(ggml) == len({name.split(".so")[0] for name in ggml})
+
+
+@pytest.mark.parametrize("order", [("llama_cpp", "runner.ml.ggml.bindings"), ("runner.ml.ggml.bindings", "llama_cpp")])
+def test_both_engines_share_one_ggml_from_the_wheel(order):
+    """Without LLAMA_CPP_LIB_PATH, in either import order: llama.cpp loads its GGML by SONAME
+    (libggml-cpu.so.0), and so do our bindings. When they loaded libggml-cpu.so, a process that
+    imported llama_cpp first had two GGMLs: the old engine's eval callback did not know
+    llama.cpp's repacked weights (another copy's buffer type), and gemma-3-270m's guessed rows
+    parted from its lone ones."""
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_CPP_LIB_PATH"}
+    out = subprocess.run([sys.executable, "-c", _MAPS, *order], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    maps = json.loads(out.stdout)["maps"]
+    assert one_file_each(maps), maps
 
 
 @pytest.fixture(scope="module")

@@ -66,9 +66,25 @@ def _lib_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "lib"
 
 
+def _lib_file(name: str) -> Path:
+    """The file of library ``name`` in :data:`LIB_DIR` that llama.cpp's own libraries load.
+
+    They name their GGML dependencies by SONAME (``libllama.so`` needs ``libggml.so.0``, found
+    beside it), and a wheel stores ``libggml-cpu.so``, ``.so.0`` and ``.so.0.25.3`` as three
+    copies of one file, not links. Loading ``libggml-cpu.so`` after llama.cpp had loaded
+    ``libggml-cpu.so.0`` mapped a second GGML into the process (in whichever order the two
+    engines' modules were imported): its own registry, its own buffer types (the old engine then
+    did not know llama.cpp's repacked weights for what they were), its own tables. So on ELF
+    systems the shortest versioned name (``libggml-cpu.so.0``: the SONAME) is loaded, where
+    there is one; the dynamic loader then keeps one copy whichever side loads it first."""
+    if sys.platform in ("darwin", "win32"):
+        return LIB_DIR / f"{name}{'.dylib' if sys.platform == 'darwin' else '.dll'}"
+    versioned = sorted(LIB_DIR.glob(f"{name}.so.*"), key=lambda p: (len(p.name), p.name))
+    return versioned[0] if versioned else LIB_DIR / f"{name}.so"
+
+
 def _load(name: str) -> ctypes.CDLL:
-    ext = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
-    path = LIB_DIR / f"{name}{ext}"
+    path = _lib_file(name)
     if not path.exists():
         raise ImportError(f"GGML library not found: {path}")
     return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
