@@ -366,8 +366,9 @@ def rows_unlike_alone(path: Path, options: BackendOptions) -> list[int]:
     try:
         model.init_cache(num_ctx=1024, num_parallel=1, num_batch=512)
         rng = np.random.default_rng(7)
-        prompt = [int(t) for t in rng.integers(100, 20000, 500)]
-        tokens = [int(t) for t in rng.integers(100, 20000, 17)]
+        low, high = (100, 20000) if model.n_vocab > 20000 else (1, model.n_vocab)  # a tiny random model's
+        prompt = [int(t) for t in rng.integers(low, high, 500)]
+        tokens = [int(t) for t in rng.integers(low, high, 17)]
         model.compute(Batch.sequence(prompt))
         alone = [model.compute(Batch.sequence([t], start=500 + i, decode=True))[0].copy() for i, t in enumerate(tokens)]
         model.cache.remove(0, 0, None)  # a window's early cells are gone: the prompt again

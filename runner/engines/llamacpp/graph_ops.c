@@ -18,8 +18,8 @@
      logits are the ones decoding its tokens one at a time gives.
    - In a batch of decoded tokens, the other weight products whose batched kernels sum a row
      otherwise than GGML's one-row dot products (the weight types in ``lone_types``; repacked
-     weights only in GGML's Q4_K layout for AVX2): runner/ml/ggml/lone_rows.c computes each row
-     with those one-row functions.
+     weights of the types in ``repacked_types``, the layouts lone_rows.c was set up with):
+     runner/ml/ggml/lone_rows.c computes each row with those one-row functions.
 
    Every other node, and attention in other batches, is llama.cpp's own; so is every node whose
    numbers or operands are not in host memory (a build with a GPU backend computes those there,
@@ -31,7 +31,7 @@
      A state (the callback's user data): offsets of struct ggml_tensor's type, buffer, ne, nb, op,
      op_params, src, data and name; enum ggml_op's MUL_MAT and CUSTOM; the address of
      ggml_backend_buffer_is_host; the op addresses (0: that kind is not taken); lone: (plain
-     op, repacked Q4_K op, the types' bit mask, ggml_backend_buffer_get_type's address, the
+     op, repacked op, their types' bit masks, ggml_backend_buffer_get_type's address, the
      repacked weights' buffer type), zeros where lone products are not taken. Its first int32
      is ``decoded``, which the engine flips before a decode.
    free(state), failed(state) -> bool (after a decode: a kernel could not get its memory since
@@ -46,7 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { F32 = 0, F16 = 1, Q4_1 = 3, Q4_K = 12 };  /* enum ggml_type: fixed in GGML's file format */
+enum { F32 = 0, F16 = 1, Q4_1 = 3 };  /* enum ggml_type: fixed in GGML's file format */
 #define OP_PARAMS 64                  /* GGML_MAX_OP_PARAMS: the bytes put back */
 
 typedef void (*custom_op)(void *dst, int ith, int nth, void *userdata);
@@ -58,8 +58,8 @@ typedef struct {
     struct { size_t type, buffer, ne, nb, op, op_params, src, data, name; } off;
     int32_t mul_mat, custom;
     _Bool (*is_host)(void *buffer);
-    custom_op q4_1_op, f16_op, lone_op, lone_q4_K_op;
-    unsigned long long lone_types;
+    custom_op q4_1_op, f16_op, lone_op, lone_repacked_op;
+    unsigned long long lone_types, repacked_types; /* bit t: enum ggml_type t */
     void *(*buffer_type)(void *buffer); /* ggml_backend_buffer_get_type */
     void *repacked;                     /* the repacked weights' buffer type */
     void *node; /* the node turned custom, until it is put back */
@@ -95,11 +95,12 @@ static int plain_product(const state_t *s, void *t, void *a, void *b) {
 
 /* a decoded batch's weight product (2D weights, 2D rows) for lone_rows.c, or NULL */
 static custom_op lone(const state_t *s, void *a, void *b) {
-    if (!s->decoded || NE(s, a, 2) * NE(s, a, 3) * NE(s, b, 2) * NE(s, b, 3) != 1) return NULL;
-    if (repacked(s, a)) /* GGML's Q4_K layout for AVX2: 8 rows interleaved, 256-wide blocks */
-        return TYPE(s, a) == Q4_K && NE(s, a, 1) % 8 == 0 && NE(s, a, 0) % 256 == 0 ? s->lone_q4_K_op : NULL;
     const int32_t type = TYPE(s, a);
-    return in_host_memory(s, a) && type >= 0 && type < 64 && (s->lone_types >> type & 1) ? s->lone_op : NULL;
+    if (!s->decoded || NE(s, a, 2) * NE(s, a, 3) * NE(s, b, 2) * NE(s, b, 3) != 1 || type < 0 || type >= 64)
+        return NULL;
+    if (repacked(s, a)) /* 8 rows interleaved */
+        return (s->repacked_types >> type & 1) && NE(s, a, 1) % 8 == 0 ? s->lone_repacked_op : NULL;
+    return in_host_memory(s, a) && (s->lone_types >> type & 1) ? s->lone_op : NULL;
 }
 
 /* the op to run node t with, or NULL: llama.cpp's own */
@@ -153,11 +154,11 @@ static PyObject *new(PyObject *self, PyObject *args) {
     (void)self;
     state_t *s = calloc(1, sizeof *s);
     if (!s) return PyErr_NoMemory();
-    unsigned long long is_host, q4_1_op, f16_op, lone_op, lone_q4_K_op, buffer_type, repacked_type;
-    if (!PyArg_ParseTuple(args, "(nnnnnnnnn)(ii)KKK(KKKKK)", &s->off.type, &s->off.buffer, &s->off.ne, &s->off.nb,
+    unsigned long long is_host, q4_1_op, f16_op, lone_op, lone_repacked_op, buffer_type, repacked_type;
+    if (!PyArg_ParseTuple(args, "(nnnnnnnnn)(ii)KKK(KKKKKK)", &s->off.type, &s->off.buffer, &s->off.ne, &s->off.nb,
                           &s->off.op, &s->off.op_params, &s->off.src, &s->off.data, &s->off.name, &s->mul_mat,
-                          &s->custom, &is_host, &q4_1_op, &f16_op, &lone_op, &lone_q4_K_op, &s->lone_types,
-                          &buffer_type, &repacked_type)) {
+                          &s->custom, &is_host, &q4_1_op, &f16_op, &lone_op, &lone_repacked_op, &s->lone_types,
+                          &s->repacked_types, &buffer_type, &repacked_type)) {
         free(s);
         return NULL;
     }
@@ -171,7 +172,7 @@ static PyObject *new(PyObject *self, PyObject *args) {
     s->lone_op = (custom_op)(uintptr_t)lone_op;
     /* repacked weights need the buffer type to be recognized by */
     if (buffer_type && repacked_type) {
-        s->lone_q4_K_op = (custom_op)(uintptr_t)lone_q4_K_op;
+        s->lone_repacked_op = (custom_op)(uintptr_t)lone_repacked_op;
         s->buffer_type = (void *(*)(void *))(uintptr_t)buffer_type, s->repacked = (void *)(uintptr_t)repacked_type;
     }
     return PyLong_FromVoidPtr(s);
@@ -217,7 +218,7 @@ static PyObject *callback_address(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"new", new, METH_VARARGS,
      "new((type, buffer, ne, nb, op, op_params, src, data, name offsets), (MUL_MAT, CUSTOM), is_host, q4_1_op, "
-     "f16_op, (lone_op, lone_q4_K_op, lone_types, buffer_get_type, repacked_type)) -> state"},
+     "f16_op, (lone_op, lone_repacked_op, lone_types, repacked_types, buffer_get_type, repacked_type)) -> state"},
     {"free", free_state, METH_O, "free(state)"},
     {"failed", failed, METH_O, "failed(state) -> whether a kernel lacked memory since the last call"},
     {"taken", taken, METH_O, "taken(state) -> (Q4_1 products, attention products, lone-row products) computed by our kernels"},

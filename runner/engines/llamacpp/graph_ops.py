@@ -78,12 +78,12 @@ class GraphOps:
             from ...ml.ggml import _f16_rows  # type: ignore[attr-defined]
 
             f16_op = _f16_rows.f32_rows_op(to_f16)
-        lone_ops = (0, 0, 0, 0, 0)
-        if lone and lone_rows.ops() is not None:
-            plain, q4_K = lone_rows.ops()
+        lone_ops = (0, 0, 0, 0, 0, 0)
+        if lone and (o := lone_rows.ops()) is not None:
             repacked = g.ggml_backend_cpu_repack_buffer_type() if g.ggml_backend_cpu_repack_buffer_type else None
             buffer_type = ctypes.cast(g.ggml_backend_buffer_get_type, ctypes.c_void_p).value
-            lone_ops = (plain, q4_K if repacked else 0, lone_rows.type_mask(), buffer_type, repacked or 0)
+            lone_ops = (o.plain, o.repacked if repacked else 0, o.plain_types, o.repacked_types, buffer_type,
+                        repacked or 0)
         if not q4_1_op and not f16_op and not lone_ops[0]:
             return None
         t = g.ggml_tensor

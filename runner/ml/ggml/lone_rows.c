@@ -12,9 +12,11 @@
    - plain weights: the row quantized to the weight type's dot product type with that type's
      from_float, then the type's vec_dot once per weight row (ggml_get_type_traits_cpu, as
      ggml_compute_forward_mul_mat does for one row);
-   - repacked Q4_K weights (8 rows interleaved, what llama.cpp's CPU_REPACK buffers hold on
-     AVX2): the row quantized to Q8_K, then ggml_gemv_q4_K_8x8_q8_K over the weight rows (as the
-     repacked mul_mat does for a row of its own).
+   - repacked weights (what llama.cpp's CPU_REPACK buffers hold; on x86 every layout is 8 rows
+     interleaved: Q4_0, IQ4_NL and MXFP4 with Q8_0 rows, Q4_K and Q2_K with Q8_K ones): the row
+     quantized to the layout's row type, then the layout's ggml_gemv_<type>_8x8_<row type> over
+     the weight rows (as the repacked mul_mat does for a row of its own). The caller says which
+     layouts: the library picks them by CPU, and these gemv functions read x86's.
 
    Each thread takes a share of the weight rows and goes through every activation row for a
    run of CHUNK weight rows before the next, so the weights are read from memory once, not once
@@ -22,20 +24,21 @@
    between rows. An op has no barrier between its threads, so each quantizes every activation
    row itself, into memory of its own kept for its next products.
 
-   setup(type, ne, nb, src, data, traits, row_size, gemv_q4_K) -> None
-     Byte offsets of struct ggml_tensor's fields and the addresses of ggml_get_type_traits_cpu,
-     ggml_row_size and ggml_gemv_q4_K_8x8_q8_K (0: none).
-   plain_op() -> int, q4_K_8x8_op() -> int (0 without setup's gemv)
+   setup(type, ne, nb, src, data, traits, row_size, layouts) -> None
+     Byte offsets of struct ggml_tensor's fields, the addresses of ggml_get_type_traits_cpu and
+     ggml_row_size, and the repacked layouts: ((weight type, row type, gemv address), ...).
+   plain_op() -> int, repacked_op() -> int
      ggml_custom_op_t addresses: dst f32 [M, n], src[0] the weights [K, M] (2D, rows of stride
-     nb[1]), src[1] f32 [K, n] (rows of stride nb[1]); userdata: an int32 set to 1 where a
-     thread's memory for the quantized rows cannot be had (dst is then not computed). */
+     nb[1]; repacked_op: in one of setup's layouts, M a multiple of 8), src[1] f32 [K, n] (rows
+     of stride nb[1]); userdata: an int32 set to 1 where a thread's memory for the quantized
+     rows cannot be had (dst is then not computed). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-enum { F32 = 0, Q8_K = 15 }; /* enum ggml_type: fixed in GGML's file format */
+enum { F32 = 0, TYPES = 64 }; /* enum ggml_type: F32 fixed in GGML's file format; fewer than 64 */
 #define CHUNK 64             /* weight rows (a multiple of 8) a thread takes through all rows at once */
 
 typedef void (*from_float_fn)(const float *x, void *y, int64_t k);
@@ -49,7 +52,8 @@ typedef size_t (*row_size_fn)(int32_t type, int64_t ne);
 static struct { size_t type, ne, nb, src, data; } OFF;
 static traits_fn traits_of;
 static row_size_fn row_size;
-static gemv_fn gemv_q4_K;
+/* by weight type: the repacked layout's gemv and row type (gemv NULL: no such layout) */
+static struct { gemv_fn gemv; int32_t rows; } LAYOUT[TYPES];
 
 #define T_TYPE(t) (*(const int32_t *)((const char *)(t) + OFF.type))
 #define T_NE(t, i) (((const int64_t *)((const char *)(t) + OFF.ne))[i])
@@ -92,16 +96,18 @@ static int share(int64_t m, int ith, int nth, int64_t *r0, int64_t *r1) {
 }
 
 /* thread ith of nth's share of dst = w times b, each row as GGML computes it alone: with
-   ``repacked``, w in GGML's Q4_K layout (ggml_gemv_q4_K_8x8_q8_K over runs of 8-row blocks),
-   else w's type's vec_dot once per weight row */
+   ``repacked``, w in its type's repacked layout (its gemv over runs of 8-row blocks), else w's
+   type's vec_dot once per weight row */
 static void products(void *dst, int ith, int nth, void *userdata, int repacked) {
     const void *w = T_SRC(dst, 0), *b = T_SRC(dst, 1);
     const int64_t k = T_NE(w, 0), m = T_NE(w, 1), n = T_NE(b, 1);
     int64_t r0, r1;
     if (!share(m, ith, nth, &r0, &r1)) return;
-    const traits_t *t = repacked ? NULL : traits_of(T_TYPE(w));
+    const int32_t type = T_TYPE(w);
+    const traits_t *t = repacked ? NULL : traits_of(type);
+    const gemv_fn gemv = repacked ? LAYOUT[type].gemv : NULL;
     size_t rb;
-    const char *q = rows_as(b, repacked ? Q8_K : t->vec_dot_type, &rb, userdata);
+    const char *q = rows_as(b, repacked ? LAYOUT[type].rows : t->vec_dot_type, &rb, userdata);
     if (!q) return;
     const char *x = T_DATA(w);
     const size_t xs = T_NB(w, 1), ds = T_NB(dst, 1);
@@ -111,7 +117,7 @@ static void products(void *dst, int ith, int nth, void *userdata, int repacked) 
         for (int64_t j = 0; j < n; j++) {
             float *out = (float *)(d + j * ds);
             if (repacked)
-                gemv_q4_K((int)k, out + c0, (size_t)m, x + c0 * xs, q + j * rb, 1, (int)(c1 - c0));
+                gemv((int)k, out + c0, (size_t)m, x + c0 * xs, q + j * rb, 1, (int)(c1 - c0));
             else
                 for (int64_t i = c0; i < c1; i++) t->vec_dot((int)k, out + i, 0, x + i * xs, 0, q + j * rb, 0, 1);
         }
@@ -120,21 +126,38 @@ static void products(void *dst, int ith, int nth, void *userdata, int repacked) 
 
 static void plain_op(void *dst, int ith, int nth, void *userdata) { products(dst, ith, nth, userdata, 0); }
 
-static void q4_K_8x8_op(void *dst, int ith, int nth, void *userdata) { products(dst, ith, nth, userdata, 1); }
+static void repacked_op(void *dst, int ith, int nth, void *userdata) { products(dst, ith, nth, userdata, 1); }
 
 /* ------------------------------------------------------------------------------- Python */
 static PyObject *setup(PyObject *self, PyObject *args) {
     (void)self;
-    unsigned long long traits, size, gemv;
-    if (!PyArg_ParseTuple(args, "nnnnnKKK", &OFF.type, &OFF.ne, &OFF.nb, &OFF.src, &OFF.data, &traits, &size,
-                          &gemv))
+    unsigned long long traits, size;
+    PyObject *layouts;
+    if (!PyArg_ParseTuple(args, "nnnnnKKO", &OFF.type, &OFF.ne, &OFF.nb, &OFF.src, &OFF.data, &traits, &size,
+                          &layouts))
         return NULL;
     if (!traits || !size) {
         PyErr_SetString(PyExc_ValueError, "no ggml_get_type_traits_cpu or ggml_row_size");
         return NULL;
     }
+    PyObject *seq = PySequence_Fast(layouts, "layouts: a sequence of (weight type, row type, gemv)");
+    if (!seq) return NULL;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        int type, rows;
+        unsigned long long gemv;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iiK", &type, &rows, &gemv)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (type < 0 || type >= TYPES || rows < 0 || rows >= TYPES || !gemv) {
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "a layout's types out of range, or no gemv");
+            return NULL;
+        }
+        LAYOUT[type].gemv = (gemv_fn)(uintptr_t)gemv, LAYOUT[type].rows = rows;
+    }
+    Py_DECREF(seq);
     traits_of = (traits_fn)(uintptr_t)traits, row_size = (row_size_fn)(uintptr_t)size;
-    gemv_q4_K = (gemv_fn)(uintptr_t)gemv;
     Py_RETURN_NONE;
 }
 
@@ -143,17 +166,17 @@ static PyObject *plain_address(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(traits_of ? (uintptr_t)plain_op : 0);
 }
 
-static PyObject *q4_K_address(PyObject *self, PyObject *unused) {
+static PyObject *repacked_address(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
-    return PyLong_FromUnsignedLongLong(traits_of && gemv_q4_K ? (uintptr_t)q4_K_8x8_op : 0);
+    return PyLong_FromUnsignedLongLong(traits_of ? (uintptr_t)repacked_op : 0);
 }
 
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
-     "setup(type, ne, nb, src, data, traits, row_size, gemv_q4_K): struct ggml_tensor's field offsets and the "
-     "addresses of ggml_get_type_traits_cpu, ggml_row_size and ggml_gemv_q4_K_8x8_q8_K (0: none)."},
+     "setup(type, ne, nb, src, data, traits, row_size, layouts): struct ggml_tensor's field offsets, the "
+     "addresses of ggml_get_type_traits_cpu and ggml_row_size, and ((weight type, row type, gemv), ...)."},
     {"plain_op", plain_address, METH_NOARGS, "plain_op() -> the plain weights' op address (0 before setup)."},
-    {"q4_K_8x8_op", q4_K_address, METH_NOARGS, "q4_K_8x8_op() -> the repacked Q4_K weights' op address (0: none)."},
+    {"repacked_op", repacked_address, METH_NOARGS, "repacked_op() -> the repacked weights' op address (0 before setup)."},
     {NULL, NULL, 0, NULL},
 };
 

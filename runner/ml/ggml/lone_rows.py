@@ -11,8 +11,9 @@ weights are still read once for all the rows; the rows' arithmetic is no longer 
 
 :data:`TYPES` are the weight types this applies to. Q4_1's rows are our own kernels'
 (:mod:`.q4_1`, exact in any batch and faster), Q8_0's llamafile tiles sum in the one-row order on
-x86 (measured), and Q5_1 has no batched kernel: those stay as they are. Of the repacked
-layouts, GGML's Q4_K one for AVX2 (8 rows interleaved) is taken; other repacked weights are not.
+x86 (measured), and Q5_1 has no batched kernel: those stay as they are. Repacked weights are
+taken in the layouts GGML picks on x86 (:data:`X86_LAYOUTS`); on other CPUs it picks others,
+which stay GGML's batched kernels.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from typing import TYPE_CHECKING
+import platform
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import bindings as g
 
@@ -33,13 +35,38 @@ log = logging.getLogger(__name__)
 #: tiles (F32, F16, BF16, Q4_0, Q5_0, IQ4_NL) and the tiled K-quants and i-quants (from 8 rows)
 TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                    "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"})
+#: GGML's repacked layouts on x86 (repack.cpp picks 8 weight rows interleaved for each there):
+#: weight type -> (the type a row is quantized to, the layout's one-row function)
+X86_LAYOUTS = {"Q4_0": ("Q8_0", "ggml_gemv_q4_0_8x8_q8_0"), "IQ4_NL": ("Q8_0", "ggml_gemv_iq4_nl_8x8_q8_0"),
+               "MXFP4": ("Q8_0", "ggml_gemv_mxfp4_8x8_q8_0"), "Q4_K": ("Q8_K", "ggml_gemv_q4_K_8x8_q8_K"),
+               "Q2_K": ("Q8_K", "ggml_gemv_q2_K_8x8_q8_K")}
+
+
+class Ops(NamedTuple):
+    """The ops (``ggml_custom_op_t`` addresses; the C header's contract) and which weights each
+    takes, as bit masks of ``enum ggml_type`` values."""
+
+    plain: int  # weights in plain rows
+    repacked: int  # weights in GGML's repacked layouts
+    plain_types: int  # :data:`TYPES`
+    repacked_types: int  # the layouts set up: :data:`X86_LAYOUTS` on x86, none elsewhere
 
 
 @functools.cache
-def ops() -> tuple[int, int] | None:
-    """(plain weights' op, repacked Q4_K's op or 0): ``ggml_custom_op_t`` addresses (the C
-    header's contract); None (logged once) where the extension is not built or the library
-    lacks the functions."""
+def _type_ids() -> dict[str, int]:
+    """``enum ggml_type`` values by the names this GGML gives them (upper case)."""
+    return {(g.ggml_type_name(t) or b"").decode().upper(): t for t in range(g.GGML_TYPE.COUNT)}
+
+
+def _mask(names) -> int:
+    ids = _type_ids()
+    return sum(1 << ids[name] for name in names if name in ids)
+
+
+@functools.cache
+def ops() -> Ops | None:
+    """The ops, or None (logged once) where the extension is not built or the library lacks
+    the functions."""
     try:
         from . import _lone_rows  # type: ignore[attr-defined]
     except ImportError:
@@ -52,9 +79,16 @@ def ops() -> tuple[int, int] | None:
     g.ggml_cpu_init()  # GGML's fp16 tables, which its dot products read
     t = g.ggml_tensor
     row_size = ctypes.cast(g.ggml_row_size, ctypes.c_void_p).value
+    ids, layouts = _type_ids(), []
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for weights, (rows, name) in X86_LAYOUTS.items():
+            gemv = g.cpu_function(name)
+            if gemv and weights in ids and rows in ids:
+                layouts.append((ids[weights], ids[rows], gemv))
     _lone_rows.setup(t.type.offset, t.ne.offset, t.nb.offset, t.src.offset, t.data.offset, traits, row_size,
-                     g.cpu_function("ggml_gemv_q4_K_8x8_q8_K") or 0)
-    return _lone_rows.plain_op(), _lone_rows.q4_K_8x8_op()
+                     layouts)
+    repacked = {name for name, t in ids.items() if any(t == layout[0] for layout in layouts)}
+    return Ops(_lone_rows.plain_op(), _lone_rows.repacked_op(), _mask(TYPES), _mask(repacked))
 
 
 @functools.cache
@@ -73,18 +107,17 @@ def repacked(w: GGMLTensor) -> bool:
 def product(c: GraphContext, w: GGMLTensor, b: GGMLTensor) -> int | None:
     """Weights ``w`` (``[k, m]``) times ``b`` (f32 ``[k, n]``, n > 1) recorded in ``c`` with each
     row's numbers GGML's for it alone, ``[m, n]`` f32; None where the op does not apply: ``w``'s
-    type is not one of :data:`TYPES` (or repacked otherwise than GGML's Q4_K layout for AVX2),
+    type is not one of :data:`TYPES` (or repacked in a layout not set up),
     the operands are not plain 2D, or the extension is not built. A thread that cannot get
     memory for the quantized rows sets ``c.lone_failed`` (the backend raises after the compute)."""
     (k, m, w2, w3), (bk, n, b2, b3) = w.ne, b.ne
     if (n < 2 or (w2, w3, b2, b3) != (1, 1, 1, 1) or k != bk or b.type_id != g.GGML_TYPE.F32 or b.nb[0] != 4
-            or (ops_ := ops()) is None):
+            or (o := ops()) is None):
         return None
-    plain, q4_K = ops_
     if repacked(w):
-        op = q4_K if w.type_id == g.GGML_TYPE.Q4_K and m % 8 == 0 and k % 256 == 0 else 0
+        op = o.repacked if o.repacked_types >> w.type_id & 1 and m % 8 == 0 else 0
     else:
-        op = plain if (g.ggml_type_name(w.type_id) or b"").decode().upper() in TYPES else 0
+        op = o.plain if o.plain_types >> w.type_id & 1 else 0
     if not op:
         return None
     args = (g.P * 2)(w.ptr, b.ptr)
@@ -92,10 +125,4 @@ def product(c: GraphContext, w: GGMLTensor, b: GGMLTensor) -> int | None:
                             ctypes.addressof(c.lone_failed))
 
 
-def type_mask() -> int:
-    """:data:`TYPES` as a bit mask of ``enum ggml_type`` values (bit ``t`` set: type ``t``), by
-    the names this GGML gives its types."""
-    return sum(1 << t for t in range(g.GGML_TYPE.COUNT) if (g.ggml_type_name(t) or b"").decode().upper() in TYPES)
-
-
-__all__ = ["TYPES", "ops", "product", "repacked", "type_mask"]
+__all__ = ["TYPES", "X86_LAYOUTS", "Ops", "ops", "product", "repacked"]
