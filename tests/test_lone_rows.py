@@ -22,7 +22,7 @@ from runner.api import Options
 from runner.ml.backend import BackendOptions
 from runner.ml.ggml import lone_rows
 from tests.test_ggml_models import random_tensors
-from tests.test_spec_models import rows_unlike_alone
+from tests.test_spec_models import engine_rows_unlike_alone, rows_unlike_alone
 
 N_VOCAB, N_EMBD, N_HEAD, HEAD_DIM, N_FF, N_LAYER = 300, 128, 4, 32, 256, 2
 
@@ -86,24 +86,7 @@ def old_engine_rows_unlike_alone(path: Path, lone: bool) -> tuple[list[int], tup
     plan = runner.load_options(info, Options().merged({"num_ctx": 1024, "num_thread": 2}), cfg, 1)
     engine = LlamaEngine(info, plan, lone_rows=lone)
     try:
-        def step(tokens: list[int], pos: int, outputs: int) -> int:
-            engine.batch_begin()
-            last = engine.batch_add(tokens, pos, 0, outputs)
-            engine.prepare()
-            engine.decode()
-            return last
-
-        rng = np.random.default_rng(7)
-        prompt = [int(t) for t in rng.integers(1, N_VOCAB, 500)]
-        tokens = [int(t) for t in rng.integers(1, N_VOCAB, 17)]
-        for start in range(0, len(prompt), 256):
-            step(prompt[start:start + 256], start, 1)
-        alone = [engine.logits(step([t], 500 + i, 1)).copy() for i, t in enumerate(tokens)]
-        engine.kv.seq_rm(0, 500, None)
-        first = step(tokens, 500, len(tokens)) - len(tokens) + 1
-        together = [engine.logits(first + i).copy() for i in range(len(tokens))]
-        taken = engine._ops.taken if engine._ops is not None else (0, 0, 0)
-        return [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)], taken
+        return engine_rows_unlike_alone(engine, N_VOCAB)
     finally:
         engine.close()
 

@@ -366,7 +366,7 @@ def rows_unlike_alone(path: Path, options: BackendOptions) -> list[int]:
     try:
         model.init_cache(num_ctx=1024, num_parallel=1, num_batch=512)
         rng = np.random.default_rng(7)
-        low, high = (100, 20000) if model.n_vocab > 20000 else (1, model.n_vocab)  # a tiny random model's
+        low, high = (100, 20000) if model.n_vocab >= 20000 else (1, model.n_vocab)  # a tiny random model's
         prompt = [int(t) for t in rng.integers(low, high, 500)]
         tokens = [int(t) for t in rng.integers(low, high, 17)]
         model.compute(Batch.sequence(prompt))
@@ -401,7 +401,12 @@ def old_engine_rows_unlike_alone(r) -> tuple[list[int], tuple[int, int, int]]:
     """:func:`rows_unlike_alone` on a loaded old-engine runner (1024 cells), through the engine's
     own batch calls: (the rows that differ, the products our kernels took: Q4_1, attention,
     lone rows')."""
-    engine = r.model_engine
+    return engine_rows_unlike_alone(r.model_engine, 20000)
+
+
+def engine_rows_unlike_alone(engine, n_vocab: int) -> tuple[list[int], tuple[int, int, int]]:
+    """:func:`old_engine_rows_unlike_alone` on an old engine (``LlamaEngine``) of its own, whose
+    tokens are below ``n_vocab`` (a tiny random model's: no tokenizer, no runner)."""
 
     def step(tokens: list[int], pos: int, outputs: int) -> int:
         engine.batch_begin()
@@ -411,8 +416,9 @@ def old_engine_rows_unlike_alone(r) -> tuple[list[int], tuple[int, int, int]]:
         return last
 
     rng = np.random.default_rng(7)
-    prompt = [int(t) for t in rng.integers(100, 20000, 500)]
-    tokens = [int(t) for t in rng.integers(100, 20000, 17)]
+    low, high = (100, 20000) if n_vocab >= 20000 else (1, n_vocab)
+    prompt = [int(t) for t in rng.integers(low, high, 500)]
+    tokens = [int(t) for t in rng.integers(low, high, 17)]
     engine.kv.seq_rm(0, 0, None)
     for start in range(0, len(prompt), 256):
         step(prompt[start:start + 256], start, 1)
