@@ -22,8 +22,8 @@ on GGML's threads, and puts each node back after:
   one-row functions. So, without flash attention, a verified draft's logits are its tokens'
   decoded alone on such a model too, at the price of its rows' arithmetic (``bench_rows.py``).
 
-Both kernels are checked bit for bit against the loaded library's own dot products before they
-are used (their modules); where one does not apply (not built, another CPU), that kind of node
+Our Q4_1 and f16 kernels are checked bit for bit against the loaded library's own dot products
+before they are used (their modules; the lone-row op calls the library's own functions); where one does not apply (not built, another CPU), that kind of node
 stays llama.cpp's. A llama.cpp built with a GPU backend gets no callback at all: its GPU computes
 offloaded layers, and large products of the CPU's layers too, and has no custom ops; such a build
 was proven on real hardware without it (README § GPU), and the callback has not been run on one.

@@ -821,8 +821,8 @@ class GGMLBackend:
         (``permuted_v``) so ``V^T softmax(K^T Q)`` needs no copy of V. A sliding window's cells
         go round the cache (``cells_in_order``, as llama.cpp's head moves on past each batch):
         a verified draft's rows then meet the window's cells in the order its tokens decoded
-        alone would (gemma-3-270m's rewrite in bench_spec parted past its window without; the
-        decode rate at 1,345 positions read the same, within the machine's noise)."""
+        alone would (gemma-3-270m's rewrite in test_spec_models parted past its window without;
+        the decode rate at 1,345 positions read the same, within the machine's noise)."""
         in_order = True
         if self.flash_attention:
             return CacheConfig(cache_padding=256, mask_dtype="f16", permuted_v=False, cells_in_order=in_order)
