@@ -80,10 +80,10 @@ class GraphOps:
             f16_op = _f16_rows.f32_rows_op(to_f16)
         lone_ops = (0, 0, 0, 0, 0, 0)
         if lone and (o := lone_rows.ops()) is not None:
-            repacked = g.ggml_backend_cpu_repack_buffer_type() if g.ggml_backend_cpu_repack_buffer_type else None
+            repacked = lone_rows.repacked_buffer_type()
             buffer_type = ctypes.cast(g.ggml_backend_buffer_get_type, ctypes.c_void_p).value
             lone_ops = (o.plain, o.repacked if repacked else 0, o.plain_types, o.repacked_types, buffer_type,
-                        repacked or 0)
+                        repacked)
         if not q4_1_op and not f16_op and not lone_ops[0]:
             return None
         t = g.ggml_tensor

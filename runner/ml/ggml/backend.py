@@ -671,7 +671,7 @@ def _pads(w: GGMLTensor, b: GGMLTensor) -> bool:
     whole tile change no number of the others. Weights only (not attention's products), not
     repacked ones (GGML's repacked kernels take rows otherwise), and more than one tile's rows."""
     n = b.ne[1]
-    return (w.ctx is None and w.type_id in _TILED_Q0 and not g.ggml_tensor.from_address(w.ptr).extra
+    return (w.ctx is None and w.type_id in _TILED_Q0 and not lone_rows.repacked(w)
             and b.type_id == g.GGML_TYPE.F32 and n > _TILE_ROWS and n % _TILE_ROWS != 0
             and b.ne[2:] == (1, 1) and w.ne[2:] == (1, 1) and b.is_contiguous())
 

@@ -92,8 +92,9 @@ def ops() -> Ops | None:
 
 
 @functools.cache
-def _repacked_type() -> int:
-    """The buffer type of GGML's repacked weights (0: none in this build)."""
+def repacked_buffer_type() -> int:
+    """The buffer type of GGML's repacked weights (0: none in this build): what tells a repacked
+    weight from a plain one, for both engines."""
     make = g.ggml_backend_cpu_repack_buffer_type
     return (make() or 0) if make is not None else 0
 
@@ -101,7 +102,8 @@ def _repacked_type() -> int:
 def repacked(w: GGMLTensor) -> bool:
     """Whether ``w`` lives in GGML's repacked layout (its buffer is the repack buffer type's)."""
     buffer = g.ggml_tensor.from_address(w.ptr).buffer
-    return bool(buffer) and _repacked_type() != 0 and g.ggml_backend_buffer_get_type(buffer) == _repacked_type()
+    kind = repacked_buffer_type()
+    return bool(buffer) and kind != 0 and g.ggml_backend_buffer_get_type(buffer) == kind
 
 
 def product(c: GraphContext, w: GGMLTensor, b: GGMLTensor) -> int | None:
@@ -125,4 +127,4 @@ def product(c: GraphContext, w: GGMLTensor, b: GGMLTensor) -> int | None:
                             ctypes.addressof(c.lone_failed))
 
 
-__all__ = ["TYPES", "X86_LAYOUTS", "Ops", "ops", "product", "repacked"]
+__all__ = ["TYPES", "X86_LAYOUTS", "Ops", "ops", "product", "repacked", "repacked_buffer_type"]
