@@ -2,9 +2,9 @@
 weights of each kind the op takes: a random-weight llama written with ``gguf`` whose matrices
 are Q4_0 with rows a multiple of 8 (GGML repacks those on x86: its 8x8 layout), Q4_0 with 300
 rows (not repacked: llamafile's tiles), Q5_0 and F16 (llamafile's tiles). For several rows GGML
-sums each of these otherwise than for a row alone; with the op, 17 rows decoded together (every
-row an output, as a verified draft) are bit for bit the same tokens decoded one at a time, on
-both engines, and without it they are not. gemma-3-270m's Q4_K, Q5_0 and Q6_K:
+sums each of these otherwise than for a row alone; with the op (whose Q5_0 products are its own
+tiles' on x86), 17 rows decoded together (every row an output, as a verified draft) are bit for
+bit the same tokens decoded one at a time, on both engines, and without it they are not. gemma-3-270m's Q4_K, Q5_0 and Q6_K:
 test_spec_models.py."""
 
 from __future__ import annotations
@@ -101,6 +101,27 @@ def test_the_layouts_are_set_up_where_ggml_repacks_them():
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     assert {names[t] for t in range(64) if ops.repacked_types >> t & 1} == (set(lone_rows.X86_LAYOUTS) if x86 else set())
     assert {names[t] for t in range(64) if ops.plain_types >> t & 1} == set(lone_rows.TYPES)
+
+
+def test_the_q5_0_tiles_give_ggml_s_numbers_and_their_check_has_teeth():
+    """On x86-64 with AVX2 the plain op takes Q5_0 weights to our tiles (4 weight rows by 4
+    activation rows), the fastest variant this CPU runs, and every variant gives GGML's
+    ggml_vec_dot_q5_0_q8_0 bit for bit on random blocks; against GGML's scalar reference (the
+    same products summed in another order) the same check finds differences, so it compares
+    bits. Elsewhere the op keeps GGML's one-row function."""
+    from runner.ml.ggml import _lone_rows
+    from runner.ml.ggml import bindings as g
+
+    assert lone_rows.ops() is not None
+    if not (platform.machine().lower() in ("x86_64", "amd64") and g.ggml_cpu_has_avx2()):
+        assert lone_rows.q5_0_variant() == ""
+        return
+    variants = _lone_rows.q5_0_variants()
+    assert variants and variants[0] == lone_rows.q5_0_variant() and "avx2" in variants
+    for name in variants:
+        assert _lone_rows.check_q5_0(g.cpu_function("ggml_vec_dot_q5_0_q8_0"), name) == 0
+        assert _lone_rows.check_q5_0(g.cpu_function("ggml_vec_dot_q5_0_q8_0_generic"), name) > 0
+    assert _lone_rows.check_q5_0(g.cpu_function("ggml_vec_dot_q5_0_q8_0"), "no-such-variant") == -1
 
 
 def test_old_engine_drafted_rows_are_lone_rows_on_repacked_q4_0_q5_0_and_f16(model_path):

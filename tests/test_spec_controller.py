@@ -208,14 +208,15 @@ def test_the_cost_table_follows_how_the_weights_are_multiplied():
     assert tiled.name == "tiled" and tiled(16) < batched(16) and tiled(5) > tiled(4)
     assert StepCost.of("Q4_1", kernels.multiplies(ggml_batched=False, tiled=True)).name == "tiled"
     assert best_depth(0.6, 32, tiled) > 0 == best_depth(0.6, 32, batched) == best_depth(0.6, 32, per_row)
-    # an engine whose decoded rows' products are lone rows' (lone_rows.py): dearer from 8 rows,
-    # so at the same acceptance it drafts less deep; Q8_0's tiles need no such products
+    # an engine whose decoded rows' products are lone rows' (lone_rows.py) has a table of its
+    # own, with the leftover rows of its Q8_0 output matrix (llamafile's tiles) still dear;
+    # Q8_0's tiles need no such products
     lone_kinds = kernels.multiplies(ggml_batched=True, tiled=True, lone=True)
     lone = StepCost.of("Q4_K_M", lone_kinds)
-    assert lone.name == "lone" and lone(16) > batched(16) and lone(5) > lone(4)
+    assert lone.name == "lone" and lone(5) > lone(4) and lone(16) < lone(15)
     assert StepCost.of("Q8_0", lone_kinds).name == "batched" and StepCost.of("Q4_1", lone_kinds).name == "tiled"
     assert StepCost.of("Q4_K_M", kernels.multiplies(ggml_batched=False, tiled=True, lone=True)).name == "per-row"
-    assert best_depth(0.95, 32, lone) < best_depth(0.95, 32, batched)
+    assert 0 < best_depth(0.9, 32, lone) < best_depth(0.95, 32, lone)
 
 
 def test_the_prior_is_where_each_kind_starts_and_drifts_back_to():

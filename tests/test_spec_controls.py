@@ -70,8 +70,8 @@ def test_a_runner_costs_drafted_rows_by_how_its_weights_are_multiplied(model, en
                                                     ("new", True, "per-row")])
 def test_a_q4_k_m_model_costs_its_drafted_rows_as_lone_rows(engine, invariant, table, tmp_path):
     """Both engines compute a verified draft's Q5_0, Q4_K, Q6_K, ... products as lone rows'
-    (runner/ml/ggml/lone_rows.py), dearer than GGML's batched kernels from 8 rows: a Q4_K_M
-    model's drafts are costed so (the batch-invariant mode: every row alone, the dearest)."""
+    (runner/ml/ggml/lone_rows.py): a Q4_K_M model's drafts are costed by that table (the
+    batch-invariant mode: every row alone, the dearest)."""
     path = with_file_type(TINYSTORIES, tmp_path / "m.gguf", 15)  # its Q8_0 weights, called Q4_K_M
     cfg = dataclasses.replace(config.load({"POLLAMA_BATCH_INVARIANT": "1" if invariant else ""}),
                               new_engine=engine == "new", cache_ram=0, cache_disk=0)

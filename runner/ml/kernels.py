@@ -12,7 +12,8 @@ engine says how it multiplies (:attr:`runner.loop.engine.Engine.multiplies`), fr
 - :data:`LONE`: GGML's batched kernels for a prompt, but a batch of decoded tokens (a verified
   draft) multiplied by GGML's one-row functions, row by row, the weights read once
   (``runner/ml/ggml/lone_rows.c``, both engines): each row's numbers are then its own alone, and
-  a row costs its arithmetic. Every batched type but Q8_0, whose tiles sum in the one-row order.
+  a row costs its arithmetic, but for Q5_0's, which our tiles share among 4 rows in the one-row
+  order. Every batched type but Q8_0, whose tiles sum in the one-row order.
 - :data:`TILED`: our kernels for Q4_1 (``runner/ml/ggml/q4_1.c``, the new engine's), 4 weight
   rows by 4 activation rows at a time (8 on AVX-512), with GGML's one-row numbers.
 - :data:`PER_ROW`: everything else, GGML's one-row dot products once per weight row and batch

@@ -74,10 +74,12 @@ ROW_GROUP = 4
 #: "batched", GGML's batched kernels, measured on gemma-3-270m Q4_K_M to 32 rows (2 cores,
 #: llama.cpp through the old engine, after a 200-token prompt) with the leftover costs of 1, 2
 #: and 3 rows past a multiple of :data:`ROW_GROUP`, and matched by SmolLM2 requantized to Q4_K_M
-#: and Q8_0; "lone", a decoded batch's products as lone rows' (runner/ml/ggml/lone_rows.c),
-#: measured on gemma-3-270m Q4_K_M (old engine, ``bench_rows.py --rounds 8``, 400-token prompt:
-#: 5-20% dearer than its batched products from 8 rows; its Q8_0 output matrix, the largest,
-#: stays on llamafile's tiles, whose leftover rows still cost a second pass); "tiled", our Q4_1 kernels, measured on SmolLM2-135M Q4_1 (new engine, the median of
+#: and Q8_0; "lone", a decoded batch's products as lone rows' (runner/ml/ggml/lone_rows.c, its
+#: Q5_0 ones by its own tiles), measured on gemma-3-270m Q4_K_M (old engine, ``bench_rows.py
+#: --rounds 8``, 400-token prompt, two runs: about what its batched products cost in the same
+#: run, 16 rows 5.26x against 5.16x, 32 9.39x against 9.27x; its Q8_0 output matrix, the largest,
+#: stays on llamafile's tiles, whose leftover rows still cost a second pass, 5 rows 3.25x against
+#: 8 rows' 3.18x); "tiled", our Q4_1 kernels, measured on SmolLM2-135M Q4_1 (new engine, the median of
 #: three runs of medians of 6-8 rounds, whose 16 rows read 4.42x, 4.92x and 5.54x on this shared
 #: machine: 2 rows 1.51x, 4 1.91x, 8 3.16x, 16 4.92x, 32 8.71x; 4k + 1, 2, 3 rows ~0.6, 0.8, 0.9
 #: more than 4k; the wide AVX-512 tiles later made 5-16 rows 10-20% cheaper, 16 rows 4.27x, but a
@@ -88,9 +90,9 @@ ROW_GROUP = 4
 ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | None]] = {
     kernels.BATCHED: (((1, 1.0), (2, 2.07), (3, 2.35), (4, 2.72), (8, 3.71), (16, 5.07), (32, 8.45), (64, 15.0)),
                       (0.0, 1.05, 1.45, 1.85)),
-    kernels.LONE: (((1, 1.0), (2, 1.79), (3, 2.19), (4, 2.44), (8, 3.71), (12, 4.97), (16, 6.20), (32, 11.19),
-                    (64, 21.5)),
-                   (0.0, 1.13, 1.57, 1.92)),
+    kernels.LONE: (((1, 1.0), (2, 1.77), (3, 1.95), (4, 2.20), (8, 3.22), (12, 4.28), (16, 5.45), (32, 9.55),
+                    (64, 17.0)),
+                   (0.0, 1.05, 1.5, 1.8)),
     kernels.TILED: (((1, 1.0), (2, 1.51), (3, 1.84), (4, 1.91), (8, 3.16), (16, 4.92), (32, 8.71), (64, 16.3)),
                     (0.0, 0.6, 0.8, 0.9)),
     kernels.PER_ROW: (ROW_COST, None),

@@ -7,7 +7,10 @@ in another order than its one-row dot products, so at a near-tie a greedy answer
 could part from the one without (gemma-3-270m's Q5_0, Q4_K and Q6_K weights). ``lone_rows.c``
 (its header says how) has a batch computed by the library's own one-row functions, looked up in
 the loaded ``libggml-cpu``: each row's numbers are the lone row's by construction, and the
-weights are still read once for all the rows; the rows' arithmetic is no longer shared.
+weights are still read once for all the rows; the rows' arithmetic is no longer shared. Q5_0,
+the type most of gemma-3-270m's products are, is the exception on x86: our tiles share each
+weight block's unpacking among 4 rows and form every sum in ``ggml_vec_dot_q5_0_q8_0``'s order,
+checked against it bit for bit once per process (:func:`q5_0_variant`).
 
 :data:`TYPES` are the weight types this applies to. Q4_1's rows are our own kernels'
 (:mod:`.q4_1`, exact in any batch and faster), Q8_0's llamafile tiles sum in the one-row order on
@@ -87,8 +90,30 @@ def ops() -> Ops | None:
                 layouts.append((ids[weights], ids[rows], gemv))
     _lone_rows.setup(t.type.offset, t.ne.offset, t.nb.offset, t.src.offset, t.data.offset, traits, row_size,
                      layouts)
+    _use_q5_0_tiles(_lone_rows)
     repacked = {name for name, t in ids.items() if any(t == layout[0] for layout in layouts)}
     return Ops(_lone_rows.plain_op(), _lone_rows.repacked_op(), _mask(TYPES), _mask(repacked))
+
+
+def _use_q5_0_tiles(ext) -> None:
+    """Have the plain op take Q5_0 weights to our tiles (4 x 4 rows at a time) where a variant
+    gives the library's ``ggml_vec_dot_q5_0_q8_0`` numbers bit for bit, else to that function."""
+    vec_dot = g.cpu_function("ggml_vec_dot_q5_0_q8_0")
+    for name in ext.q5_0_variants() if vec_dot else ():
+        if ext.check_q5_0(vec_dot, name) == 0 and ext.use_q5_0(name):
+            log.debug("lone-row products: Q5_0 by the %s tiles", name)
+            return
+    log.info("lone-row products: no Q5_0 tiles give GGML's numbers on this CPU and build; its one-row function")
+
+
+def q5_0_variant() -> str:
+    """Which tiles the plain op multiplies Q5_0 weights with: "avx512-vnni", "avx2", or ""
+    (GGML's one-row function, or no op)."""
+    if ops() is None:
+        return ""
+    from . import _lone_rows  # type: ignore[attr-defined]
+
+    return _lone_rows.q5_0_variant()
 
 
 @functools.cache
@@ -127,4 +152,4 @@ def product(c: GraphContext, w: GGMLTensor, b: GGMLTensor) -> int | None:
                             ctypes.addressof(c.lone_failed))
 
 
-__all__ = ["TYPES", "X86_LAYOUTS", "Ops", "ops", "product", "repacked", "repacked_buffer_type"]
+__all__ = ["TYPES", "X86_LAYOUTS", "Ops", "ops", "product", "q5_0_variant", "repacked", "repacked_buffer_type"]
