@@ -6,14 +6,14 @@ runner/engines/llamacpp/graph_ops.c (why: their headers)."""
 
 from setuptools import Extension, setup
 
-CHECK_H = "runner/ml/ggml/kernel_check.h"  # what the kernels' checks share
+PARTS_H = "runner/ml/ggml/kernel_parts.h"  # what our GGML kernels share
 
 setup(ext_modules=[Extension("runner.sample._best", ["runner/sample/best.c"], extra_compile_args=["-O3"]),
                    Extension("runner.ml.ggml._q4_1", ["runner/ml/ggml/q4_1.c"], extra_compile_args=["-O3"],
-                             depends=[CHECK_H]),
+                             depends=[PARTS_H]),
                    Extension("runner.ml.ggml._f16_rows", ["runner/ml/ggml/f16_rows.c"], extra_compile_args=["-O3"],
-                             depends=[CHECK_H]),
+                             depends=[PARTS_H]),
                    Extension("runner.ml.ggml._lone_rows", ["runner/ml/ggml/lone_rows.c"], extra_compile_args=["-O3"],
-                             depends=[CHECK_H]),
+                             depends=[PARTS_H]),
                    Extension("runner.engines.llamacpp._graph_ops", ["runner/engines/llamacpp/graph_ops.c"],
                              extra_compile_args=["-O3"])])

@@ -53,7 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernel_check.h"
+#include "kernel_parts.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define F16R_X86 1

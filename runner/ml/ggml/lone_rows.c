@@ -53,7 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernel_check.h"
+#include "kernel_parts.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define LONE_X86 1
@@ -144,20 +144,10 @@ static tile_table q5_0_tiles;
 #define AVX2 "avx2,fma,f16c"
 #define VNNI "avx2,fma,f16c,avx512vnni,avx512vl"
 
-/* hsum_float_8 of GGML's x86 quants.c, operation for operation */
-__attribute__((target(AVX2))) static inline float hsum8(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
 /* a block's 32 values plus 16 (0..31) as bytes: element i is nibble i (the low nibbles first)
    with bit i of qh as its fifth bit */
 __attribute__((target(AVX2))) static inline __m256i values_q5_0(const block_q5_0 *b) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)b->qs);
-    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0xF));
+    const __m256i low = nibbles_avx2(b->qs);
     uint32_t h;
     memcpy(&h, b->qh, sizeof h);
     /* byte i gets qh's byte i / 8; it is all ones where bit i % 8 is set */
@@ -203,7 +193,7 @@ __attribute__((target(VNNI))) static inline __m256i dot4_vnni(__m256i off, __m25
             }                                                                                          \
         }                                                                                              \
         for (int w = 0; w < W; w++)                                                                    \
-            for (int a = 0; a < A; a++) dst[a * ds + w] = hsum8(acc[w][a]);                            \
+            for (int a = 0; a < A; a++) dst[a * ds + w] = hsum8_avx2(acc[w][a]);                       \
     }
 
 #define Q5_0_TILES_OF(V, TARGET)                                                                       \

@@ -98,12 +98,13 @@ def ops() -> Ops | None:
 def _use_q5_0_tiles(ext) -> None:
     """Have the plain op take Q5_0 weights to our tiles (4 x 4 rows at a time) where a variant
     gives the library's ``ggml_vec_dot_q5_0_q8_0`` numbers bit for bit, else to that function."""
-    vec_dot = g.cpu_function("ggml_vec_dot_q5_0_q8_0")
-    for name in ext.q5_0_variants() if vec_dot else ():
+    vec_dot, variants = g.cpu_function("ggml_vec_dot_q5_0_q8_0"), ext.q5_0_variants()
+    for name in variants if vec_dot else ():
         if ext.check_q5_0(vec_dot, name) == 0 and ext.use_q5_0(name):
             log.debug("lone-row products: Q5_0 by the %s tiles", name)
             return
-    log.info("lone-row products: no Q5_0 tiles give GGML's numbers on this CPU and build; its one-row function")
+    why = "none gives GGML's numbers on this CPU and build" if variants and vec_dot else "none for this CPU"
+    log.info("lone-row products: Q5_0 tiles: %s; GGML's one-row function", why)
 
 
 def q5_0_variant() -> str:

@@ -53,7 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernel_check.h"
+#include "kernel_parts.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define Q41_X86 1
@@ -109,21 +109,6 @@ static const char *VARIANT = "";
 #ifdef Q41_X86
 #define AVX2 "avx2,fma,f16c"
 #define VNNI "avx2,fma,f16c,avx512vnni,avx512vl"
-
-/* hsum_float_8 of GGML's x86 quants.c, operation for operation */
-__attribute__((target(AVX2))) static inline float hsum8_avx2(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-/* the 32 nibbles of a block as bytes: the low ones first (bytes_from_nibbles_32) */
-__attribute__((target(AVX2))) static inline __m256i nibbles_avx2(const uint8_t *p) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0xF));
-}
 
 /* 8 lanes of integer sums of 4 products each, as floats (mul_sum_us8_pairs_float) */
 __attribute__((target(AVX2))) static inline __m256 lanes_avx2(__m256i qx, __m256i qy) {

@@ -1,13 +1,32 @@
-/* What our GGML kernels (q4_1.c, f16_rows.c) share: whether the CPU runs them, and the random
+/* What our GGML kernels (q4_1.c, f16_rows.c, lone_rows.c) share: whether the CPU runs them, the
+   steps of GGML's x86 dot products that they repeat operation for operation, and the random
    numbers their checks against GGML's own dot products are made of. */
 
-#ifndef POLLAMA_KERNEL_CHECK_H
-#define POLLAMA_KERNEL_CHECK_H
+#ifndef POLLAMA_KERNEL_PARTS_H
+#define POLLAMA_KERNEL_PARTS_H
 
 #include <stdint.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* hsum_float_8 of GGML's x86 quants.c, operation for operation: how its quantized dot products
+   sum their 8 lanes at the end */
+__attribute__((target("avx2,fma,f16c"))) static inline float hsum8_avx2(__m256 x) {
+    __m128 r = _mm256_extractf128_ps(x, 1);
+    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* a block's 32 nibbles (16 bytes) as bytes, the low ones first (bytes_from_nibbles_32) */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256i nibbles_avx2(const uint8_t *p) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0xF));
+}
+
 /* AVX2, FMA and F16C, which every variant of the kernels needs */
 static int cpu_runs_avx2_kernels(void) {
     __builtin_cpu_init();
