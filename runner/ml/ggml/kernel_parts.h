@@ -61,4 +61,34 @@ static uint16_t half_of(float f) {  /* round to nearest even fp16, finite normal
 
 static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(rng() >> 8) / 16777216.0f; }
 
+/* GGML's one-row dot products (ggml_vec_dot_<type>_<row type>) and row quantizers
+   (quantize_row_<type>), the functions the checks hold the kernels to */
+typedef void (*one_row_fn)(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
+                           int nrc);
+typedef void (*quantize_row_fn)(const float *x, void *y, int64_t k);
+
+/* n rows of k random numbers, each row of a random scale, quantized by ``quantize`` into y,
+   row_bytes apart; a: room for k floats */
+static inline void random_rows(quantize_row_fn quantize, char *y, size_t row_bytes, int64_t n, int k, float *a) {
+    for (int64_t j = 0; j < n; j++) {
+        const float scale = uniform(0.01f, 30.0f);
+        for (int i = 0; i < k; i++) a[i] = uniform(-scale, scale);
+        quantize(a, y + j * row_bytes, k);
+    }
+}
+
+/* how many of ours[j * m + i] differ in any bit from ``vec_dot``'s product of weight row i (x,
+   xr bytes apart) and row j (y, yr bytes apart), k numbers each */
+static inline long differing(one_row_fn vec_dot, int k, const char *x, size_t xr, int64_t m, const char *y, size_t yr,
+                             int64_t n, const float *ours) {
+    long differ = 0;
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < m; i++) {
+            float theirs;
+            vec_dot(k, &theirs, 0, x + i * xr, 0, y + j * yr, 0, 1);
+            differ += memcmp(&theirs, ours + j * m + i, sizeof theirs) != 0;
+        }
+    return differ;
+}
+
 #endif

@@ -369,21 +369,13 @@ static long check_products(const run_t *run, vec_dot_fn vec_dot) {
             x[i].m = half_of(-uniform(0.0f, 0.4f));
             for (int b = 0; b < 16; b++) x[i].qs[b] = (uint8_t)rng();
         }
-        for (int64_t j = 0; j < n; j++) {
-            const float scale = uniform(0.01f, 30.0f);
-            for (int i = 0; i < k; i++) a[i] = uniform(-scale, scale);
-            quantize_q8_1(a, y + j * nb, k);
-        }
+        random_rows(quantize_q8_1, (char *)y, sizeof *y * nb, n, k, a);
         for (size_t wi = 0; wi < sizeof weights / sizeof *weights; wi++)
             for (size_t ri = 0; ri < sizeof rows / sizeof *rows; ri++) {
                 const int64_t mw = weights[wi], nr = rows[ri];
                 product_rows(run, x, nb, nb, 0, mw, y, nr, ours, mw);
-                for (int64_t j = 0; j < nr; j++)
-                    for (int64_t i = 0; i < mw; i++) {
-                        float theirs;
-                        vec_dot(k, &theirs, 0, x + i * nb, 0, y + j * nb, 0, 1);
-                        differ += memcmp(&theirs, ours + j * mw + i, sizeof theirs) != 0;
-                    }
+                differ += differing(vec_dot, k, (const char *)x, sizeof *x * nb, mw, (const char *)y, sizeof *y * nb,
+                                    nr, ours);
             }
         free(x), free(y), free(a), free(ours);
     }
