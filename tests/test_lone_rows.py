@@ -4,8 +4,8 @@ are Q4_0 with rows a multiple of 8 (GGML repacks those on x86: its 8x8 layout), 
 rows (not repacked: llamafile's tiles), Q5_0 and F16 (llamafile's tiles). For several rows GGML
 sums each of these otherwise than for a row alone; with the op (whose Q5_0 products are its own
 tiles' on x86), 17 rows decoded together (every row an output, as a verified draft) are bit for
-bit the same tokens decoded one at a time, on both engines, and without it they are not. gemma-3-270m's Q4_K, Q5_0 and Q6_K:
-test_spec_models.py."""
+bit the same tokens decoded one at a time, on both engines, and without it they are not.
+gemma-3-270m's Q4_K, Q5_0 and Q6_K: test_spec_models.py."""
 
 from __future__ import annotations
 
