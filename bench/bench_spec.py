@@ -2,7 +2,7 @@
 engines, beside llama-server's n-gram modes on the same prompts.
 
     python bench/bench_spec.py [--runs 3] [--models smollm2,gemma3] [--tokens 300] [--depth 16] [--fa on]
-        [--pool on] [--invariant on] [--repeat-penalty 1]
+        [--pool off] [--invariant on] [--repeat-penalty 1]
 
 Tasks, greedy, ``--tokens`` generated (the issue's):
   rewrite  a 41-line Python file (bench/data/account.py.txt) with one name changed (input-grounded: the answer repeats it)
@@ -14,9 +14,10 @@ Tasks, greedy, ``--tokens`` generated (the issue's):
 For each model and engine: decode tok/s (``eval_count / eval_duration``) with ``draft_num_predict
 = --depth`` and with 0, their ratio, drafted tokens accepted/proposed, and whether the text is the
 same. With drafts, the first request of a prompt and the repeated ones are reported apart: from
-the second on, an n-gram pool a model's requests share (pollama's with ``--pool on``,
-llama-server's ``ngram-mod``) holds the first answer, and drafts it whole (or where it parts: without flash attention, and for some weight types, GGML's CPU kernels
-round a batched row differently from a single one, so a near-tie may flip). ``--fa on`` runs
+the second on, an n-gram pool a model's requests share (pollama's by default, ``--pool off``
+turns it off; llama-server's ``ngram-mod``) holds the first answer, and drafts it whole (up to
+where the second answer parts from the first: llama-server's may, as its batched rows round
+differently from single ones; pollama's guessed rows are computed as lone ones). ``--fa on`` runs
 both pollama and llama-server with flash attention (default: off in both, pollama's default;
 llama-server's own default, auto, would turn it on). llama-server (built from the pinned sdist,
 as bench_decode.py builds llama-bench) runs the same prompt text through ``/completion`` with ``--spec-type none``,
@@ -113,7 +114,7 @@ def generate(r, prompt: str, tokens: int, depth: int) -> Gen:
 
 
 FLASH = False  # --fa on: flash attention in pollama and llama-server alike (else off in both)
-POOL = False  # --pool on: pollama's shared n-gram pool (POLLAMA_NGRAM_POOL)
+POOL = True  # --pool: pollama's shared n-gram pool (POLLAMA_NGRAM_POOL, on by default)
 INVARIANT = False  # --invariant on: the new engine's batch-invariant kernels (POLLAMA_BATCH_INVARIANT)
 
 
@@ -255,8 +256,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-server", action="store_true", help="skip llama-server")
     ap.add_argument("--no-streams", action="store_true", help="skip the 4-stream rows")
-    ap.add_argument("--pool", choices=("off", "on"), default="off",
-                    help="pollama's shared n-gram pool (POLLAMA_NGRAM_POOL; default off, as pollama's)")
+    ap.add_argument("--pool", choices=("off", "on"), default="on" if config.load({}).ngram_pool else "off",
+                    help="pollama's shared n-gram pool (POLLAMA_NGRAM_POOL; default: pollama's, on)")
     ap.add_argument("--invariant", choices=("off", "on"), default="off",
                     help="the new engine's batch-invariant kernels (POLLAMA_BATCH_INVARIANT; default off)")
     ap.add_argument("--repeat-penalty", type=float, default=Options().repeat_penalty,

@@ -94,10 +94,10 @@ class Config:
     # "off" (or 0/false/no) turns it off for every request, whatever its draft_num_predict
     speculative: bool = True
     # POLLAMA_NGRAM_POOL: draft also from an n-gram pool a model's requests share (runner.spec.pool),
-    # so a repeated request is guessed from the first answer. Off by default: a request's guesses
-    # then depend on earlier requests, and guessed rows round differently from single ones, so a
-    # greedy answer could differ from the same request asked first
-    ngram_pool: bool = False
+    # so a repeated request is guessed from the first answer; "off" (or 0/false/no) drafts from each
+    # request's own text alone. A guessed row's numbers are a lone row's (runner.ml.kernels; README,
+    # Speculative decoding, says where not), so guesses, and the requests before, change no answer
+    ngram_pool: bool = True
     # POLLAMA_BATCH_INVARIANT: the new engine computes each row of a batch as it would alone
     # (runner.ml.backend.BackendOptions.batch_invariant): guesses never change a greedy answer
     # where the weights' products are row-exact too (SmolLM2's Q4_1), at a cost in speed
@@ -424,7 +424,7 @@ def load(env: Mapping[str, str] | None = None) -> Config:
         cache_dir=Path(_clean(env, "POLLAMA_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser(),
         cache_disk=_uint(env, "POLLAMA_CACHE_DISK", DEFAULT_CACHE_DISK),
         speculative=_on_unless_off(env, "POLLAMA_SPECULATIVE"),
-        ngram_pool=parse_bool(_clean(env, "POLLAMA_NGRAM_POOL")),
+        ngram_pool=_on_unless_off(env, "POLLAMA_NGRAM_POOL"),
         batch_invariant=parse_bool(_clean(env, "POLLAMA_BATCH_INVARIANT")),
         row_kernels=_on_unless_off(env, "POLLAMA_ROW_KERNELS"),
         gpu_overhead=_uint(env, "OLLAMA_GPU_OVERHEAD", 0),

@@ -120,7 +120,9 @@ def test_speculation_caps_and_conditions():
     assert spec.propose(seq, [5], limit=4, others=0) == [100, 101, 102, 103]  # context, num_predict
     assert spec.begin([1], depth=0).depth == 0
     assert spec.begin([1], depth=1000).depth == C.MAX_DRAFT
-    off = Speculation(enabled=False).begin([1, 2, 3], depth=16)
+    off = Speculation(enabled=False, pool=True)
+    assert off.pool is None  # POLLAMA_SPECULATIVE=off: nothing to learn for
+    off = off.begin([1, 2, 3], depth=16)
     assert off.depth == 0 and spec.propose(off, [5], limit=16, others=0) == []
     # paused: no guess asked for, but the drafter sees the history (the shared pool learns it)
     seq.acceptance("fixed").paused_until = 50

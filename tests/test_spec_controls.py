@@ -26,10 +26,12 @@ def test_pollama_speculative(value, on):
     assert config.load({"POLLAMA_SPECULATIVE": value}).speculative is on
 
 
-@pytest.mark.parametrize("value,on", [("", False), ("1", True), ("true", True), ("0", False)])
+@pytest.mark.parametrize("value,on", [("", True), ("1", True), ("on", True), ("0", False), ("off", False),
+                                      ("no", False)])
 def test_pollama_ngram_pool(value, on):
-    """The shared pool is off unless asked for: with it, a request's guesses depend on earlier
-    requests, and a greedy answer could then differ from the same request's when asked first."""
+    """The shared pool is on unless turned off: a guessed row's numbers are a lone row's, so the
+    requests before, whose text the pool guesses from, change the speed of an answer, not its text
+    (test_spec_models.py::test_a_repeated_request_is_drafted_from_the_first_answer)."""
     assert config.load({"POLLAMA_NGRAM_POOL": value}).ngram_pool is on
     spec = Speculation(pool=on)
     kinds = spec.begin([1, 2, 3], depth=16).drafter.kinds

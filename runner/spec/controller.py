@@ -252,7 +252,7 @@ class Speculation:
         self.cost = cost if cost is not None else StepCost()
         self.draft = draft
         # what the sequences that draft by lookup have read and written
-        self.pool = NgramPool() if pool else None
+        self.pool = NgramPool() if pool and enabled else None
 
     def begin(self, prompt: Sequence[Any], depth: int, slot: int = 0) -> SeqDrafts:
         """A sequence starts in slot ``slot`` with ``prompt`` (its inputs) and ``depth``, its
