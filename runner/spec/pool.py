@@ -6,7 +6,7 @@ what the first asked) is drafted from that answer, which its own prompt does not
 From llama.cpp (``common/ngram-mod.cpp``, ``common/speculative.cpp``): keys of 24 tokens (shorter
 ones match by accident), drafts chained key by key, a bounded table forgotten whole when it
 fills. Here the table is a dict from a key's hash to the token after it, bounded by
-:data:`MAX_KEYS` (two keys of one hash: a wasted guess, as in llama.cpp's table, where keys share
+:data:`MAX_KEYS` (two keys of one hash count as one, as in llama.cpp's table, where keys share
 slots).
 
 Unlike llama.cpp's, where the latest occurrence wins, a key seen with two different tokens after
