@@ -55,6 +55,8 @@ def test_forgotten_whole_when_full():
     assert pool.chain([1], 5) == [2, 3, 4]
     pool.learn([7, 8, 9])  # 3 + 2 keys would pass 4: the pool starts over
     assert pool.chain([1], 5) == [] and pool.chain([7], 5) == [8, 9]
+    pool.learn(list(range(20, 40)))  # longer than the pool holds: its last 4 keys
+    assert len(pool) == 4 and pool.chain([35], 9) == [36, 37, 38, 39] and pool.chain([34], 9) == []
 
 
 def test_a_second_request_is_drafted_from_the_first_one_s_answer():

@@ -58,6 +58,7 @@ class NgramPool:
             return
         if len(self._next) + stop - first > self.max_keys:
             self._next.clear()  # full: start over, as llama.cpp resets its table
+            first = max(first, stop - self.max_keys)  # a text longer than the pool: its end
         table = self._next
         for end in range(first, stop):
             key, token = hash(tuple(tokens[end - n : end])), int(tokens[end])
