@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import ollama
 import openai
 import pytest
 
@@ -105,6 +106,26 @@ def test_completions_stream_shape(server):
     assert all(c["text"] and c["finish_reason"] is None for c in choices[:-1])
     assert choices[-1]["text"] == "" and choices[-1]["finish_reason"] == "length"
     assert tail[0]["choices"] == [] and tail[0]["usage"]["completion_tokens"] == 5 and tail[1] == "[DONE]"
+
+
+# ---------------------------------------------------------------------- speculative decoding
+def test_asked_again_the_answer_is_drafted_from_the_first_and_timings_count_it(server, oai):
+    """A client that asks the same thing twice (a retry, a second agent): the model's shared
+    n-gram pool, on by default, drafts the second answer from the first, and ``timings`` carry
+    llama-server's draft counts. Every answer is the one decoding without guesses gives, which
+    the ``ollama`` client asks for with ``draft_num_predict 0``."""
+    messages = [{"role": "user", "content": "Write a long story about a lighthouse keeper named Ada and a "
+                                            "winter storm."}]  # no other test's: the pool has not seen it
+    replies = [oai.chat.completions.create(model=SMOL, messages=messages, temperature=0, max_tokens=120)
+               for _ in range(2)]
+    plain = ollama.Client(host=server.url).chat(model=SMOL, messages=messages, options={
+        "temperature": 0, "top_p": 1.0, "num_predict": 120, "draft_num_predict": 0})
+    texts = [r.choices[0].message.content for r in replies]
+    assert texts[0] == texts[1] == plain.message.content
+    first, again = (r.model_extra["timings"] for r in replies)
+    assert again["predicted_n"] == 120 and again["draft_n_accepted"] >= 0.8 * 120  # the first answer, drafted
+    assert again["draft_n_accepted"] > first["draft_n_accepted"]
+    assert 0 < again["draft_n"] and again["draft_n_accepted"] <= again["draft_n"]
 
 
 # ------------------------------------------------------------------------------- embeddings
