@@ -7,6 +7,7 @@ import pytest
 from runner.ml import kernels
 from runner.spec import controller as C
 from runner.spec.controller import Acceptance, Speculation, StepCost, best_depth, expected_tokens
+from runner.spec.ngram import POOL, PRIORS
 
 LLAMA_CPP = kernels.multiplies(ggml_batched=True, tiled=False)  # the old engine's
 
@@ -27,6 +28,14 @@ class Fixed:
         self.calls += 1
         self.limits.append(limit)
         return list(range(100, 100 + min(self.n, limit)))
+
+
+class Pooled(Fixed):
+    """A drafter whose guesses all come from the shared pool."""
+
+    kinds = (POOL,)
+    kind = POOL
+    priors = {POOL: PRIORS[POOL]}
 
 
 class TwoKinds:
@@ -252,3 +261,35 @@ def test_prompt_lookup_s_short_keys_start_lower():
     assert len(spec.propose(long_seq, [text[20]], limit=32, others=0)) > 3 and long_seq.kind == "long"
     short_seq = spec.begin(text + [7, 8, 9] + text[17:20], depth=32)
     assert len(spec.propose(short_seq, [text[20]], limit=32, others=0)) == 3 and short_seq.kind == "short"
+
+
+def test_the_shared_pool_s_record_is_the_model_s():
+    """The pool is the model's, and so is the record of its guesses: a sequence's starts where
+    the sequences before left it, so a request asked again drafts the first answer as deep as
+    allowed from its first guess on, and a pool guess that fails lowers it for the next."""
+    spec = Speculation(pool=True, cost=StepCost(*C.ROW_COSTS["lone"]))
+
+    def drafts(right: bool = True) -> list[int]:
+        seq = spec.begin([1, 2, 3], depth=C.MAX_DRAFT)
+        seq.drafter = Pooled(C.MAX_DRAFT)
+        depths, n = [], 1
+        while n < 300:
+            draft = spec.propose(seq, [7] * n, limit=C.MAX_DRAFT, others=0)
+            spec.verified(seq, n, len(draft), len(draft) if right else 0)
+            depths.append(len(draft))
+            n += (len(draft) if right else 0) + 1
+            if not right:
+                return depths
+        return depths
+
+    first = drafts()
+    assert first[0] == best_depth(PRIORS[POOL], C.MAX_DRAFT, spec.cost) < max(first)  # from the prior up
+    deepest = max(first)
+    assert deepest >= C.MAX_DRAFT - 1 and spec.pooled > 0.99
+    assert drafts()[0] == deepest  # asked again: as deep at once
+    before = spec.pooled
+    assert drafts(right=False) == [deepest]  # a guess with nothing right ...
+    assert spec.pooled == pytest.approx(before * (1 - C.WEIGHT))
+    assert 0 < drafts()[0] < deepest  # ... and the next sequence starts lower
+    # with a prior given (bench_spec_replay.py), every kind starts there, the pool's too
+    assert Speculation(pool=True, prior=0.7).begin([1, 2, 3], depth=16).acceptance(POOL).now(0) == 0.7

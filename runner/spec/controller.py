@@ -27,6 +27,14 @@ sequence whose text turns repetitive later is probed again. A kind of guess that
 (no token accepted :data:`MAX_FAILS` drafts in a row) is not drafted for :data:`PAUSE` tokens,
 twice as long each time it happens again.
 
+The shared pool's guesses are the exception: the pool is the model's, and so is their record.
+What they scored in the sequences before is where a new sequence's record of them starts (and
+drifts back to), so a request asked again drafts the first answer as deep as allowed from its
+first guess on, where a record of its own started at :data:`PRIOR` again and took ~65 tokens
+in 5 steps of 8 to 24 rows to get there (gemma-3-270m asked again for bench_spec's story, old
+engine, 32 tokens deep at most: 14 steps, 3.07-3.08x no drafts' speed, against 11 steps and
+3.30-3.31x). A pool guess that fails in any sequence lowers it for the next.
+
 Guesses right for a token or two and then wrong are the costly case: they never fail outright,
 so they never pause. gemma-3-270m explaining how a bicycle works found a short key every ~8
 tokens, 1-2 of 7 drafted tokens right (~0.5 per position); with a drift back of 2% a token the
@@ -51,7 +59,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..ml import kernels
 from .drafter import DraftSource, Drafter, NoDrafter
-from .ngram import PromptLookup
+from .ngram import POOL, PRIORS, PromptLookup
 from .pool import NgramPool
 
 #: (rows, cost relative to a one-row decode) where the weights are multiplied one row at a time
@@ -178,6 +186,14 @@ def best_depth(alpha: float, most: int, cost: Callable[[int], float], token_cost
     return best_k if best_rate > GAIN * base else 0
 
 
+def learnt(alpha: float, proposed: int, accepted: int) -> float:
+    """Acceptance ``alpha`` after a draft of ``proposed`` tokens had its first ``accepted`` right:
+    each right token moves it :data:`WEIGHT` of the way to 1, the first wrong one (if any) that
+    much towards 0; the positions after it tell nothing."""
+    alpha = 1.0 - (1.0 - alpha) * (1.0 - WEIGHT) ** accepted
+    return alpha * (1.0 - WEIGHT) if accepted < proposed else alpha
+
+
 @dataclass
 class Acceptance:
     """One sequence's record of its drafts."""
@@ -197,10 +213,7 @@ class Acceptance:
     def record(self, generated: int, proposed: int, accepted: int) -> None:
         """A draft of ``proposed`` tokens was verified after ``generated`` tokens and
         ``accepted`` of them were right."""
-        alpha = self.now(generated)
-        alpha = 1.0 - (1.0 - alpha) * (1.0 - WEIGHT) ** accepted
-        if accepted < proposed:
-            alpha *= 1.0 - WEIGHT
+        alpha = learnt(self.now(generated), proposed, accepted)
         # the step yielded the accepted tokens and the target's own: drafted tokens, not time
         # without drafts (counted so, a sequence drafting 16 right at a time drifted 30% of the
         # way back to the prior at every draft, and gemma3 never drafted past 16 at ~0.96)
@@ -253,6 +266,9 @@ class Speculation:
         self.draft = draft
         # what the sequences that draft by lookup have read and written
         self.pool = NgramPool() if pool and enabled else None
+        # what the pool's guesses have scored over the sequences so far (:func:`learnt` over
+        # their verified positions): where a new sequence's record of them starts
+        self.pooled = PRIORS[POOL]
 
     def begin(self, prompt: Sequence[Any], depth: int, slot: int = 0) -> SeqDrafts:
         """A sequence starts in slot ``slot`` with ``prompt`` (its inputs) and ``depth``, its
@@ -261,7 +277,10 @@ class Speculation:
         drafter: Drafter | None = NoDrafter()
         if depth:
             drafter = PromptLookup(prompt, pool=self.pool) if self.draft is None else self.draft.drafter(slot, prompt)
-        return SeqDrafts(drafter or NoDrafter(), depth if drafter is not None else 0, prior=self.prior)
+        seq = SeqDrafts(drafter or NoDrafter(), depth if drafter is not None else 0, prior=self.prior)
+        if self.pool is not None and self.prior is None and POOL in seq.drafter.kinds:
+            seq.kinds[POOL] = Acceptance(self.pooled, self.pooled)
+        return seq
 
     def close(self) -> None:
         """Free the draft model, if any (the runner unloads)."""
@@ -293,3 +312,5 @@ class Speculation:
         """A draft of ``proposed`` tokens, made after ``generated`` tokens, had its first
         ``accepted`` tokens confirmed."""
         seq.acceptance(seq.kind).record(generated, proposed, accepted)
+        if seq.kind == POOL and self.pool is not None:
+            self.pooled = learnt(self.pooled, proposed, accepted)

@@ -40,6 +40,8 @@ LONG_KEY = 12
 #: where each row is multiplied alone and 7 on GGML's batched kernels, where 0.9 made them 6, 8
 #: and 11. Lower still (0.8), the one-row table drafts none, and short keys never learn there
 PRIORS = {"long": 0.9, "short": 0.85, "pool": 0.9}
+#: the kind of a guess from the shared pool (its record is the model's: :class:`runner.spec.controller.Speculation`)
+POOL = "pool"
 #: history tokens kept; past twice this the oldest half is forgotten and the index rebuilt
 MAX_HISTORY = 1 << 16
 _BARRIER = -1  # an image position in the history
@@ -74,7 +76,7 @@ class PromptLookup:
         self._indexed = 0  # n-grams ending before this history position are in the index
         self._barrier = -1  # the last barrier position the index has passed
         self._last_barrier = max((i for i, t in enumerate(self._history) if t == _BARRIER), default=-1)
-        kinds = [_kind(n) for n in self.sizes] + (["pool"] if pool is not None else [])
+        kinds = [_kind(n) for n in self.sizes] + ([POOL] if pool is not None else [])
         self.kinds = tuple(dict.fromkeys(kinds))
         self.priors = {kind: PRIORS[kind] for kind in self.kinds}
         self.kind = self.kinds[0] if self.kinds else ""  # "long", "short" (the key of the last guess) or "pool"
@@ -99,7 +101,7 @@ class PromptLookup:
         if self.pool is not None and end - (self.pool.key - 1) > self._last_barrier:
             draft = self.pool.chain([*history[end - (self.pool.key - 1) :], pending], limit)
             if draft:
-                self.kind = "pool"
+                self.kind = POOL
                 return draft
         for n in self.sizes:
             tail = end - (n - 1)
