@@ -14,7 +14,7 @@ from runner import config
 from runner.api import Chunk, InvalidRequest, Metrics, Options
 from runner.ml import kernels
 from runner.server.openai_api import timings
-from runner.spec.controller import Speculation, StepCost
+from runner.spec.controller import MAX_DRAFT, Speculation, StepCost
 from runner.store.modelfile import parse
 from tests.conftest import SMOLLM2, STORIES, TINYSTORIES
 from tests.ggufcopy import with_file_type
@@ -97,7 +97,7 @@ def test_the_file_type_names_the_quantization_and_picks_the_table(file_type, nam
 
 
 def test_draft_num_predict_is_an_option():
-    assert Options().draft_num_predict == 32  # on by default, as deep as the runner allows (bench/bench_spec.py)
+    assert Options().draft_num_predict == MAX_DRAFT == 62  # on, as deep as the runner allows (bench/bench_spec.py)
     assert Options().merged({"draft_num_predict": 0}).draft_num_predict == 0
     assert Options().merged({"draft_num_predict": "4"}).draft_num_predict == 4  # -o draft_num_predict=4
     with pytest.raises(InvalidRequest):

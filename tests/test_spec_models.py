@@ -41,7 +41,7 @@ from runner.ml.backend import BackendOptions
 from runner.ml.ggml.backend import GGMLBackend
 from runner.model.models import Batch
 from runner.model.models import load as load_model
-from runner.spec.controller import Speculation
+from runner.spec.controller import MAX_DRAFT, Speculation
 from tests.conftest import SHARED, SMOLLM2, fresh_cache_dir, load
 from tests.ggufcopy import with_chat_template
 from tests.mmproj import write_mmproj
@@ -347,7 +347,7 @@ def test_batch_invariant_drafts_keep_gemma3_s_answer_byte_identical_past_its_win
 
 @pytest.mark.parametrize("which", ["smollm2", pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_batch_invariant_rows_equal_rows_decoded_alone(which, request):
-    """The mode's contract at the model: 17 tokens verified as one batch give, row by row, the
+    """The mode's contract at the model: the deepest draft's 63 tokens verified as one batch give, row by row, the
     logits of the same tokens decoded one at a time, bit for bit, after a 500-token prompt (flash
     attention), so across gemma3's 512-position sliding window. gemma-3-270m's weights are mostly
     Q5_0 and Q8_0, which GGML multiplies by llamafile's tiles for 2 rows or more and by one-row
@@ -359,21 +359,23 @@ def test_batch_invariant_rows_equal_rows_decoded_alone(which, request):
     assert rows_unlike_alone(path, BackendOptions(num_threads=2, flash_attention=True, batch_invariant=True)) == []
 
 
-def rows_unlike_alone(path: Path, options: BackendOptions) -> list[int]:
-    """After a 500-token prompt, the rows of a 17-token batch (every row an output, as a verified
-    draft) whose logits differ in any bit from the same tokens decoded one at a time."""
+def rows_unlike_alone(path: Path, options: BackendOptions, history: int = 500, rows: int = 1 + MAX_DRAFT) -> list[int]:
+    """After a ``history``-token prompt, the rows of a batch of ``rows`` (by default the deepest
+    verified draft's; every row an output) whose logits differ in any bit from the same tokens
+    decoded one at a time."""
     model = load_model(path, options)
     try:
         model.init_cache(num_ctx=1024, num_parallel=1, num_batch=512)
         rng = np.random.default_rng(7)
         low, high = (100, 20000) if model.n_vocab >= 20000 else (1, model.n_vocab)  # a tiny random model's
-        prompt = [int(t) for t in rng.integers(low, high, 500)]
-        tokens = [int(t) for t in rng.integers(low, high, 17)]
+        prompt = [int(t) for t in rng.integers(low, high, history)]
+        tokens = [int(t) for t in rng.integers(low, high, rows)]
         model.compute(Batch.sequence(prompt))
-        alone = [model.compute(Batch.sequence([t], start=500 + i, decode=True))[0].copy() for i, t in enumerate(tokens)]
+        alone = [model.compute(Batch.sequence([t], start=history + i, decode=True))[0].copy()
+                 for i, t in enumerate(tokens)]
         model.cache.remove(0, 0, None)  # a window's early cells are gone: the prompt again
         model.compute(Batch.sequence(prompt))
-        together = model.compute(Batch.sequence(tokens, start=500, decode=True))
+        together = model.compute(Batch.sequence(tokens, start=history, decode=True))
         return [i for i, (a, b) in enumerate(zip(alone, together)) if not np.array_equal(a, b)]
     finally:
         model.close()
@@ -385,16 +387,28 @@ def test_drafted_rows_are_the_rows_decoded_alone_without_flash_attention(monkeyp
     attention's K·Q and V products of each row as GGML sums a lone row's (our f16 kernels,
     test_f16_rows.py); with weights whose products give a row in a batch its lone
     numbers (SmolLM2's: Q4_1 by our kernels, its Q8_0 output by llamafile's tiles, which on x86
-    sum in the one-row order) each of the 17 rows of a verified draft is the row decoded alone,
+    sum in the one-row order) each of the 63 rows of the deepest verified draft is the row decoded alone,
     bit for bit, also across 512 cells (the batch attends to 768 cells, the first lone rows to
     512: the cells past the history add exact zeros). GGML's own products take a batch to
-    llamafile's tiles, which sum in another order: then all 17 rows differed when this was
-    written (logits up to 0.55 apart)."""
+    llamafile's tiles, which sum in another order: then all rows differed when this was
+    written (17 of them then; logits up to 0.55 apart)."""
     options = BackendOptions(num_threads=2, flash_attention=False)
     assert rows_unlike_alone(SMOLLM2, options) == []
     new_context = GGMLBackend.new_context
     monkeypatch.setattr(GGMLBackend, "new_context", lambda self, decoded=False, max_nodes=None: new_context(self))
     assert rows_unlike_alone(SMOLLM2, options) != []
+
+
+def test_with_flash_attention_the_deepest_draft_is_its_lone_rows_under_512_cells():
+    """With flash attention GGML's CPU kernel computes a row as it computes a lone one while the
+    cells attended to (a multiple of 256) are under 512 and the batch has under 64 rows
+    (GGML_FA_TILE_Q; 64 or more go to tiles that sum otherwise), which is why a draft has at
+    most 62 tokens (MAX_DRAFT): its 63 rows are their lone selves, bit for bit; 64 rows are not
+    (nor are 63 after a 300-token prompt, 512 cells: all differed when this was written)."""
+    options = BackendOptions(num_threads=2, flash_attention=True)
+    assert 1 + MAX_DRAFT < 64
+    assert rows_unlike_alone(SMOLLM2, options, history=100) == []
+    assert rows_unlike_alone(SMOLLM2, options, history=100, rows=64) != []
 
 
 def old_engine_rows_unlike_alone(r) -> tuple[list[int], tuple[int, int, int]]:
@@ -418,7 +432,7 @@ def engine_rows_unlike_alone(engine, n_vocab: int) -> tuple[list[int], tuple[int
     rng = np.random.default_rng(7)
     low, high = (100, 20000) if n_vocab >= 20000 else (1, n_vocab)
     prompt = [int(t) for t in rng.integers(low, high, 500)]
-    tokens = [int(t) for t in rng.integers(low, high, 17)]
+    tokens = [int(t) for t in rng.integers(low, high, 1 + MAX_DRAFT)]
     engine.kv.seq_rm(0, 0, None)
     for start in range(0, len(prompt), 256):
         step(prompt[start:start + 256], start, 1)
@@ -435,9 +449,9 @@ def test_old_engine_drafted_rows_are_the_rows_decoded_alone_without_flash_attent
     attention with llamafile's tiles, a lone row's with ggml_vec_dot_f16, and the two sum in other
     orders. For a batch of decoded tokens its eval callback has llama.cpp compute those two
     products (K·Q and V by the scores, 30 layers each) as lone rows' instead, with our f16 kernels
-    (runner/engines/llamacpp/graph_ops.py): each of the 17 rows is then the row decoded alone, bit
-    for bit, across 512 cells too. Without the callback all 17 differed when this was written
-    (logits up to 0.55 apart)."""
+    (runner/engines/llamacpp/graph_ops.py): each of the 63 rows of the deepest verified draft is then the row decoded alone, bit
+    for bit, across 512 cells too. Without the callback all differed when this was written
+    (17 rows then; logits up to 0.55 apart)."""
     from runner.engines.llamacpp.graph_ops import GraphOps
 
     r = load(SMOLLM2, "old", num_ctx=1024)
@@ -462,8 +476,8 @@ def test_gemma3_s_drafted_rows_are_the_rows_decoded_alone(engine, gemma3_path, m
     tiled K-quants, each summing a row otherwise than its one-row functions. In a batch of
     decoded tokens both engines have those products computed by the one-row functions, row by
     row (runner/ml/ggml/lone_rows.py; the old engine through its eval callback): without flash
-    attention (the default) the 17 rows of a verified draft are the rows decoded alone, bit for
-    bit, across the model's 512-position window too. Without them all 17 differ."""
+    attention (the default) the 63 rows of the deepest verified draft are the rows decoded alone, bit for
+    bit, across the model's 512-position window too. Without them all differ (17 of 17 when this was written)."""
     from runner.engines.llamacpp.graph_ops import GraphOps
     from runner.ml.ggml import lone_rows
 
@@ -482,7 +496,7 @@ def test_gemma3_s_drafted_rows_are_the_rows_decoded_alone(engine, gemma3_path, m
     create = GraphOps.create.__func__
     monkeypatch.setattr(GraphOps, "create", classmethod(lambda cls, **kw: create(cls, **{**kw, "lone": False})))
     monkeypatch.setattr(lone_rows, "product", lambda c, w, b: None)
-    assert len(differ()) == 17
+    assert len(differ()) == 1 + MAX_DRAFT
 
 
 @pytest.mark.slow

@@ -106,8 +106,14 @@ ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | No
     kernels.PER_ROW: (ROW_COST, None),
 }
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
-#: room for ``1 + MAX_DRAFT`` output rows per sequence)
-MAX_DRAFT = 32
+#: room for ``1 + MAX_DRAFT`` output rows per sequence). Where every guess is right (the pool,
+#: asked again) deeper drafts pay on batched and tiled weights: gemma-3-270m's 64 rows cost
+#: 16.9-19.9 single ones against 32 rows' 9.4-10.6 (bench_rows.py), and its repeated story ran
+#: 3.6-3.8x no drafts' speed 63 deep against 3.3x 31 deep; llama-server's ngram-mod drafts up to
+#: 64. 62, not 64: GGML's CPU flash attention takes 64 rows or more to tiles that sum otherwise
+#: than a lone row (ops.cpp, GGML_FA_TILE_Q), so a step stays at 63 rows (the controller's table
+#: makes it 60, a multiple of :data:`ROW_GROUP`)
+MAX_DRAFT = 62
 #: draft only when the expected tokens per unit of time beat not drafting by this factor
 GAIN = 1.05
 #: a sequence's acceptance of a kind of guess before any was verified, unless its drafter says
