@@ -252,7 +252,8 @@ def main() -> None:
     ap.add_argument("--engines", default="old,new")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--tokens", type=int, default=300)
-    ap.add_argument("--depth", type=int, default=32, help="draft_num_predict of the drafting rows (pollama's default)")
+    ap.add_argument("--depth", type=int, default=Options().draft_num_predict,
+                    help="draft_num_predict of the drafting rows (default: pollama's)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--no-server", action="store_true", help="skip llama-server")
     ap.add_argument("--no-streams", action="store_true", help="skip the 4-stream rows")
