@@ -117,8 +117,8 @@ class Options:
     # speculative decoding (runner.spec): the most tokens drafted per step, 0 = off (the runner
     # drafts fewer, or none, where its acceptance and the cost of a step say so; at most 62, the
     # default (runner.spec.controller.MAX_DRAFT): a verbatim copy pays deepest). On by default:
-    # bench/bench_spec.py measured 2.4-2.6x on gemma-3-270m and 1.4-2.1x on SmolLM2 rewriting
-    # code and quoting, 3-3.7x asked again (bench/README.md)
+    # bench/bench_spec.py measured 2.5-3.1x on gemma-3-270m and 1.4-1.9x on SmolLM2 rewriting
+    # code and quoting, 3.3-4.6x asked again (bench/README.md)
     draft_num_predict: int = 62
     # a draft model (runner.loop.draftmodel): a store name or a .gguf path of a smaller model with
     # the same vocabulary, loaded beside the model ("" : the Modelfile's DRAFT, if any; load-time)

@@ -108,9 +108,9 @@ ROW_COSTS: dict[str, tuple[tuple[tuple[int, float], ...], tuple[float, ...] | No
 #: the most tokens one draft may have, whatever ``draft_num_predict`` says (an engine reserves
 #: room for ``1 + MAX_DRAFT`` output rows per sequence). Where every guess is right (the pool,
 #: asked again) deeper drafts pay on batched and tiled weights: gemma-3-270m's 64 rows cost
-#: 16.9-19.9 single ones against 32 rows' 9.4-10.6 (bench_rows.py), and its repeated story ran
-#: 3.6-3.8x no drafts' speed 63 deep against 3.3x 31 deep; llama-server's ngram-mod drafts up to
-#: 64. 62, not 64: GGML's CPU flash attention takes 64 rows or more to tiles that sum otherwise
+#: 16.9-19.9 single ones against 32 rows' 9.4-10.6, 60 rows 16.3-16.9 (bench_rows.py), and
+#: bench_spec's story asked again ran 3.68-3.69x no drafts' speed 59 deep against ~3.3x 31 deep;
+#: llama-server's ngram-mod drafts up to 64. 62, not 64: GGML's CPU flash attention takes 64 rows or more to tiles that sum otherwise
 #: than a lone row (ops.cpp, GGML_FA_TILE_Q), so a step stays at 63 rows (the controller's table
 #: makes it 60, a multiple of :data:`ROW_GROUP`)
 MAX_DRAFT = 62
